@@ -1,0 +1,1 @@
+"""Rollout side: engines, readiness, dispatch, streaming, routed experts, slime adapter."""

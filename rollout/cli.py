@@ -1,0 +1,51 @@
+"""`slime-moe-rollout` console script: one parser, sub-commands contributed by each area."""
+import argparse
+import importlib
+import sys
+
+# (command, module exposing add_parser(subparsers)) - each module owns its sub-command.
+COMMANDS = [
+    ("patches", "sglang_patches.cli"),
+    ("config", "training_configs.cli"),
+    ("run", "rollout.run_cli"),
+    ("engine", "rollout.engine_cli"),
+]
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise CliError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="slime-moe-rollout", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, module in COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # area not built yet
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

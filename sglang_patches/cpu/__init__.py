@@ -1,0 +1,1 @@
+"""CPU enablement: what real SGLang needs to run on a CPU-only machine."""

@@ -1,0 +1,28 @@
+"""CPU substitute for `sgl_kernel` (PyPI ships CUDA builds only).
+
+Served as `sgl_kernel` by `sglang_patches.cpu.site_hook` when no real build is
+installed. Ops with a torch implementation are listed in `ops.OPS`; any other
+name raises an error naming the op.
+"""
+import importlib
+
+IS_CPU_SUBSTITUTE = True
+
+_ops = importlib.import_module(__name__ + ".ops")
+
+
+class UnimplementedOp(NotImplementedError):
+    pass
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name in _ops.OPS:
+        return _ops.OPS[name]
+
+    def _missing(*args, **kwargs):
+        raise UnimplementedOp(f"sgl_kernel CPU substitute: op '{name}' is not implemented")
+
+    _missing.__name__ = name
+    return _missing

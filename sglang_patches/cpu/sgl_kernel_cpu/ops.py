@@ -1,0 +1,3 @@
+"""Torch implementations of the `sgl_kernel` CPU ops SGLang calls (filled in per op)."""
+
+OPS = {}

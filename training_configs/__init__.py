@@ -1,0 +1,1 @@
+"""slime launch configurations (YAML), their schema, validator and renderer."""
