@@ -1,0 +1,59 @@
+"""Eager EAGLE draft extend under MLP-sync padding runs attention on its real rows only.
+
+Defect: under DP attention `prepare_mlp_sync_batch` pads an eager DRAFT_EXTEND_V2 batch from
+`bs * k` to a multiple of attn_tp_size, but its attention metadata was planned before the
+padding and is not re-planned (`eagle_worker_common.prepare_for_draft_extend`). SGLang's
+real-rows path for padded extends (`padded_extend_real_tokens`) excludes draft extend, so
+the backend gets more query rows than planned (flashinfer: "q.shape[0] does not match
+qo_indptr[-1]"; others compute garbage rows).
+
+Fix: an AROUND hook on `padded_extend_real_tokens` also returns the real row count for an
+eager DRAFT_EXTEND_V2 batch that was MLP-sync padded after a pre-pad plan covering exactly
+its real rows, outside prefill-graph scope; SGLang's `_attention_on_real_rows` does the rest.
+
+Seed: 000 fix 2 (sglang PR #26016); fix map §B.
+"""
+from sglang_patches.registry import Fix, Hook
+
+from ._args import server_flag
+
+TARGET = "sglang.srt.layers.attention.graph_utils.padded_extend_real_tokens"
+
+
+def draft_extend_real_rows(original, q, forward_batch):
+    real = original(q, forward_batch)
+    if real is not None or not forward_batch.forward_mode.is_draft_extend_v2():
+        return real
+    from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_graph_scope
+
+    real = forward_batch.global_num_token_non_padded_cpu
+    if (
+        forward_batch.global_num_tokens_padded_cpu is None  # no MLP-sync padding
+        or is_in_prefill_graph_scope()  # a graph replay plans its own rows
+        or real is None
+        or forward_batch.forward_metadata_planned_num_tokens != real  # plan covers padded rows
+        or not 0 < real < q.shape[0]
+    ):
+        return None
+    return real
+
+
+def needed(server_args: dict) -> bool:
+    return bool(server_flag(server_args, "enable_dp_attention", False) and server_flag(server_args, "speculative_algorithm"))
+
+
+FIX = Fix(
+    name="draft-extend-real-rows",
+    family="dp-attention",
+    defect=(
+        "Eager EAGLE draft extend is padded for DP attention after its attention plan was made for the "
+        "real rows, and SGLang's real-rows path skips draft extend. The attention backend sees more "
+        "query rows than planned and crashes (flashinfer) or computes garbage."
+    ),
+    reference="seed 000 fix 2 (sglang#26016); fix map §B",
+    versions=("0.5.23",),
+    test="tests/test_dp_fixes.py::test_draft_extend_real_rows",
+    hooks=(Hook(TARGET, draft_extend_real_rows, "around"),),
+    fingerprints={"0.5.23": {TARGET: "94fe1a9b9b47a845"}},
+    needed=needed,
+)

@@ -1,0 +1,112 @@
+"""The routed-experts device buffer has a row for every token a forward can capture.
+
+Defect: `RoutedExpertsCapturer.__init__` sizes its device buffer as
+`max(chunked_prefill_size, max_running_requests) * num_dp_ranks` (with a FIXME for
+speculative verify tokens). It overflows ("The expanded size of the tensor ... must match")
+when a prefill-graph bucket exceeds that, when EAGLE verify writes
+`max_running_requests * num_draft_tokens` rows per rank, or when `chunked_prefill_size = -1`
+makes the first term negative.
+
+Fix: an AROUND hook lets SGLang build the capturer, then, if its buffer is short, swaps in a
+device cache (SGLang's own `BaseDeviceCache`) of `rows_needed(...)` rows: per DP rank the
+largest of the chunked-prefill size (or the context length when unchunked), the prefill-graph
+buckets, and max-running-requests / decode-graph batch sizes times the draft-token count,
+aligned to lcm(attn_tp_size, draft tokens), times the number of DP ranks.
+
+References: sglang#31116, sglang#26860, fix map §F, §G, §H4.
+"""
+import math
+
+from sglang_patches.registry import Fix, Hook
+
+from ._args import bind, server_flag
+
+TARGET = "sglang.srt.state_capturer.routed_experts.RoutedExpertsCapturer.__init__"
+
+
+def ceil_align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def rows_needed(*, chunked_prefill_size, context_len, max_running_requests, num_dp_ranks,
+                attn_tp_size, prefill_graph_tokens=(), decode_graph_bs=(), draft_tokens=None) -> int:
+    """Device rows the DP-gathered capture buffer needs (all DP ranks together)."""
+    k = draft_tokens or 1
+    cps = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else context_len
+    per_rank = max(
+        cps,
+        max(prefill_graph_tokens, default=0),
+        max_running_requests * k,
+        max(decode_graph_bs, default=0) * k,
+    )
+    align = math.lcm(attn_tp_size, k) if k > 1 else attn_tp_size
+    return ceil_align(per_rank, align) * num_dp_ranks
+
+
+def _graph_sizes():
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec
+
+    cfg = get_exec().graph.cuda_graph_config
+    prefill = cfg.prefill.bs if cfg.prefill.backend != Backend.DISABLED and cfg.prefill.bs else ()
+    decode = cfg.decode.bs if cfg.decode.backend != Backend.DISABLED and cfg.decode.bs else ()
+    return tuple(prefill), tuple(decode)
+
+
+def grow_buffer(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__: build as SGLang does, then grow a short buffer."""
+    import torch
+    from sglang.srt import runtime_context
+    from sglang.srt.state_capturer import base, routed_experts as re_mod
+
+    bound = bind(original, *args, **kwargs)
+    original(*bound.args, **bound.kwargs)
+    a = bound.arguments
+    self = a["self"]
+    parallel = re_mod.get_parallel()
+    schedule = re_mod.get_schedule()
+    prefill_tokens, decode_bs = _graph_sizes()
+    need = rows_needed(
+        chunked_prefill_size=schedule.chunked_prefill_size,
+        context_len=getattr(a["model_config"], "context_len", 0) or getattr(schedule, "max_prefill_tokens", 0),
+        max_running_requests=a["max_running_requests"],
+        num_dp_ranks=parallel.num_dp_ranks,
+        attn_tp_size=parallel.attn_tp_size if re_mod.is_dp_attention_enabled() else 1,
+        prefill_graph_tokens=prefill_tokens,
+        decode_graph_bs=decode_bs,
+        draft_tokens=runtime_context.max_speculative_num_draft_tokens(),
+    )
+    old = self.device_cache
+    old_rows = old.buffer.shape[0]
+    if old_rows >= need:
+        return None
+    self.device_cache = None
+    del old.buffer  # free the short buffer before allocating the new one
+    self.device_cache = base.BaseDeviceCache(need, old.num_layers, old.topk_size, a["device"], name=old.name)
+    gather = getattr(self, "gather_buffer", None)
+    if gather is not None:  # scattered a2a backends: rows x attn_tp_size, as SGLang sizes it
+        self.gather_buffer = torch.empty(
+            (gather.shape[0] // old_rows * need, gather.shape[1]), dtype=gather.dtype, device=gather.device
+        )
+    return None
+
+
+def needed(server_args: dict) -> bool:
+    return bool(server_flag(server_args, "enable_return_routed_experts", False))
+
+
+FIX = Fix(
+    name="routed-experts-rows",
+    family="dp-attention",
+    defect=(
+        "The routed-experts device buffer ignores prefill-graph buckets, EAGLE verify tokens and "
+        "chunked_prefill_size=-1, so capture overflows it under DP attention + speculative decoding. "
+        "SGLang crashes at graph capture or at run time."
+    ),
+    reference="sglang#31116, sglang#26860; fix map §F, §G, §H4",
+    versions=("0.5.23",),
+    test="tests/test_dp_fixes.py::test_routed_experts_rows",
+    hooks=(Hook(TARGET, grow_buffer, "around"),),
+    fingerprints={"0.5.23": {TARGET: "40d769cb2c2c22a1"}},
+    needed=needed,
+)

@@ -1,0 +1,47 @@
+"""What the plugin does in this environment: SGLang version, entry point, and each fix's state."""
+import os
+from importlib.metadata import entry_points
+
+from sglang_patches.plugin import PLUGIN_NAME
+from sglang_patches.registry import all_fixes, judge, sglang_version
+
+GOOD_STATES = ("active", "upstream", "idle")
+
+
+def plugin_problem():
+    """None when SGLang will load our plugin in its processes, else the reason it won't."""
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == PLUGIN_NAME]
+    if not eps:
+        return f"entry point {PLUGIN_NAME} (group sglang.srt.plugins) is not installed"
+    allowed = os.environ.get("SGLANG_PLUGINS", "").strip()
+    if allowed and PLUGIN_NAME not in {x.strip() for x in allowed.split(",")}:
+        return f"SGLANG_PLUGINS={allowed} excludes {PLUGIN_NAME}"
+    return None
+
+
+def collect() -> dict:
+    ver = sglang_version()
+    problem = plugin_problem()
+    rows = []
+    for fix in all_fixes():
+        v = judge(fix, ver)
+        state, reason = v.state, v.reason
+        if problem and state == "active":
+            state, reason = "refused", problem
+        rows.append(
+            {"name": fix.name, "family": fix.family, "state": state, "reason": reason,
+             "test": fix.test, "reference": fix.reference}
+        )
+    ok = all(r["state"] in GOOD_STATES for r in rows)
+    return {"sglang_version": ver, "plugin": PLUGIN_NAME, "plugin_problem": problem, "ok": ok, "fixes": rows}
+
+
+def fixes_for_config(server_args: dict) -> list:
+    """Which fixes a configuration (a dict of ServerArgs fields) needs, and their state here."""
+    ver = sglang_version()
+    out = []
+    for fix in all_fixes():
+        v = judge(fix, ver)
+        needed = bool(fix.needed(server_args)) if fix.needed else False
+        out.append({"name": fix.name, "needed": needed, "state": v.state, "reason": v.reason})
+    return out
