@@ -1,0 +1,72 @@
+"""Packed microbatch -> the per-MoE-layer tensors megatron-core's router replay takes.
+
+megatron-core 0.16.1: ``RouterReplay.set_replay_data(all_layers_topk_indices)`` wants one tensor
+``[num_tokens, topk]`` per router instance, in the order the routers were built (one per local MoE
+layer; each ``TopKRouter`` registers itself when ``TransformerConfig.moe_enable_routing_replay``).
+In ``RouterReplayAction.REPLAY_FORWARD`` the router uses them as its top-k and gathers the probs.
+
+Packing follows slime's convention (thd, one sequence after another): a sample of T tokens has
+T-1 routing rows, and gets one padding row ``arange(topk) % num_experts`` for its last token;
+``pad_to_multiple`` appends more such rows so the total matches a padded packed sequence.
+CP / sequence-parallel slicing is not done here (the same row slicing as for tokens applies).
+"""
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import RoutedExpertsError
+from .layout import MoELayout
+
+
+def pad_row(layout: MoELayout) -> np.ndarray:
+    return np.arange(layout.topk) % layout.num_experts
+
+
+def pack_replay_indices(samples: Sequence, layout: MoELayout, token_lengths: Optional[Sequence[int]] = None,
+                        pad_to_multiple: int = 1, local_moe_layers: Optional[Sequence[int]] = None,
+                        dtype=None) -> list:
+    """Per-sample routing (compact ``[T-1, num_moe_layers, topk]``, or slime's
+    ``[T-1, num_hidden_layers, topk]``) -> list over local MoE layers of ``[N, topk]`` tensors.
+
+    ``local_moe_layers``: indices into ``layout.moe_layers`` owned by this pipeline stage (default all).
+    ``token_lengths``: len(tokens) per sample, checked against the rows (T-1 each).
+    ``dtype``: of the returned tensors, default ``torch.int64`` (what ``torch.topk`` gives the router).
+    """
+    import torch
+    dtype = torch.int64 if dtype is None else dtype
+    local = list(range(layout.num_moe_layers) if local_moe_layers is None else local_moe_layers)
+    arrays = [_moe_columns(np.asarray(s), layout, i) for i, s in enumerate(samples)]
+    if token_lengths is not None:
+        if len(token_lengths) != len(arrays):
+            raise RoutedExpertsError(f"{len(arrays)} routing arrays for {len(token_lengths)} samples")
+        for i, (a, t) in enumerate(zip(arrays, token_lengths)):
+            if a.shape[0] != t - 1:
+                raise RoutedExpertsError(f"sample {i}: {a.shape[0]} routing rows for {t} tokens, expected {t - 1}")
+    n = sum(a.shape[0] + 1 for a in arrays)
+    n_total = -(-n // pad_to_multiple) * pad_to_multiple
+    out = np.empty((len(local), n_total, layout.topk), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    out[:] = pad_row(layout)
+    off = 0
+    for a in arrays:
+        out[:, off:off + a.shape[0]] = a[:, local].transpose(1, 0, 2)
+        off += a.shape[0] + 1  # the row after each sample stays a padding row
+    return list(torch.from_numpy(out).unbind(0))
+
+
+def load_replay(samples: Sequence, layout: MoELayout, **kwargs) -> list:
+    """``pack_replay_indices`` then ``RouterReplay.set_replay_data`` (megatron-core imported here)."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+    per_layer = pack_replay_indices(samples, layout, **kwargs)
+    RouterReplay.set_replay_data(per_layer)
+    return per_layer
+
+
+def _moe_columns(a: np.ndarray, layout: MoELayout, i: int) -> np.ndarray:
+    if a.ndim != 3 or a.shape[2] != layout.topk:
+        raise RoutedExpertsError(f"sample {i}: routing shape {a.shape} is not [rows, layers, topk={layout.topk}]")
+    if a.shape[1] == layout.num_moe_layers:
+        return a
+    if a.shape[1] == layout.num_hidden_layers:
+        return a[:, list(layout.moe_layers)]
+    raise RoutedExpertsError(
+        f"sample {i}: {a.shape[1]} layers, expected {layout.num_moe_layers} (compact) or {layout.num_hidden_layers}")

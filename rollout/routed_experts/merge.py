@@ -1,0 +1,42 @@
+"""Partial rollouts: join routed-expert segments, and the one call the rollout manager makes.
+
+A continued request sends ``routed_experts_start_len = S`` (SGLang: "response covers
+``[S, seqlen - 1)``"); its payload holds rows ``[S, len(tokens) - 1)``, and rows ``[0, S)`` come
+from the segment already held.
+"""
+import numpy as np
+
+from .errors import RoutedExpertsError
+from .layout import MoELayout
+from .validate import decode_compact
+
+
+def merge_segments(held, new: np.ndarray, start_len: int) -> np.ndarray:
+    """``held[:start_len] ++ new`` (compact arrays). ``held`` may be None when ``start_len == 0``."""
+    if start_len == 0:
+        return new
+    if held is None:
+        raise RoutedExpertsError(f"routed_experts_start_len={start_len} but no earlier segment is held")
+    if held.shape[0] < start_len:
+        raise RoutedExpertsError(
+            f"routed_experts_start_len={start_len} exceeds the {held.shape[0]} rows already held")
+    if held.shape[1:] != new.shape[1:] or held.dtype != new.dtype:
+        raise RoutedExpertsError(f"held segment {held.shape}/{held.dtype} does not match new {new.shape}/{new.dtype}")
+    return np.concatenate([held[:start_len], new])
+
+
+def sample_routed_experts(meta_info: dict, num_tokens: int, layout: MoELayout, held=None, start_len=None):
+    """What the rollout manager calls per finished request. Never raises for bad data.
+
+    ``num_tokens``: ``len(sample.tokens)`` including the new response. ``start_len``: the
+    ``routed_experts_start_len`` sent with the request (default: ``meta_info``'s, else 0; SGLang
+    0.5.23 does not echo it). ``held``: the compact array from the earlier segment, if any.
+    Returns ``(compact, None)`` or ``(None, one_line_reason)``; on a reason, mark the sample failed.
+    """
+    try:
+        if start_len is None:
+            start_len = meta_info.get("routed_experts_start_len", 0) or 0
+        new = decode_compact(meta_info.get("routed_experts"), layout, num_tokens, start_len)
+        return merge_segments(held, new, start_len), None
+    except RoutedExpertsError as e:
+        return None, str(e)
