@@ -6,7 +6,15 @@ Each module defines `FIX`; list it in CPU_FIX_MODULES.
 import importlib
 import os
 
-CPU_FIX_MODULES = ()
+CPU_FIX_MODULES = (
+    "host_register",
+    "cuda_synchronize",
+    "eagle_attention_backend",
+    "torch_native_fill",
+    "ep_native_moe",
+    "gloo_varsize_collectives",
+    "thread_binding",
+)
 
 
 def cpu_idle_reason():

@@ -1,0 +1,53 @@
+"""CPU: EAGLE needs the intel_amx attention backend, which is refused on CPUs without AMX.
+
+On CPU, only `intel_amx` has EAGLE draft-decode / draft-extend / target-verify support
+(torch_native raises "EAGLE is not supported in decode attention backend torch_native"), but
+`_attention_backend_platform_fallbacks` rewrites `intel_amx` to `torch_native` whenever the
+platform lacks AMX. The backend's attention ops (`decode/extend_attention_cpu`) need no AMX
+when they come from our torch `sgl_kernel` substitute.
+
+Fix: AROUND that pass: keep `intel_amx` on CPU when the loaded `sgl_kernel` is our CPU
+substitute; otherwise SGLang decides. Linear/MoE layers keep their own (module-level) AMX
+checks, so they stay on the torch paths.
+Reference: cpu-moe-eagle-dpattn.md Q3 blocker 3 (patch "amxattn").
+"""
+import logging
+
+from sglang_patches.registry import Fix, Hook
+
+from . import cpu_idle_reason
+
+TARGET = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
+logger = logging.getLogger("slime_moe_rollout")
+
+
+def substitute_has_attention() -> bool:
+    try:
+        import sgl_kernel
+    except ImportError:
+        return False
+    return bool(getattr(sgl_kernel, "IS_CPU_SUBSTITUTE", False))
+
+
+def keep_intel_amx(original, view, *args, **kwargs):
+    if view.attention_backend == "intel_amx" and view.device == "cpu" and substitute_has_attention():
+        logger.warning("slime-moe-rollout: keeping attention backend intel_amx on a CPU without AMX "
+                       "(attention ops come from the torch sgl_kernel substitute)")
+        return {}
+    return original(view, *args, **kwargs)
+
+
+FIX = Fix(
+    name="cpu-eagle-attn-backend",
+    family="cpu",
+    defect=(
+        "On CPU only the intel_amx attention backend supports EAGLE/NEXTN, but SGLang rewrites it to "
+        "torch_native on CPUs without AMX. Speculative decoding then refuses to start."
+    ),
+    reference="cpu-moe-eagle-dpattn.md Q3 blocker 3 (amxattn)",
+    versions=("0.5.23",),
+    test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-eagle-attn-backend]",
+    hooks=(Hook(TARGET, keep_intel_amx, "around"),),
+    fingerprints={"0.5.23": {TARGET: "3079ae037f4ed53b"}},
+    when=cpu_idle_reason,
+)
