@@ -1,0 +1,115 @@
+"""Routed experts into a REAL megatron-core 0.16.1 TopKRouter on CPU (gloo, world size 1).
+
+Routing "captured" by one set of routers (stand-in for the engine) is encoded as SGLang's
+payload, decoded/validated/compacted, packed with slime's padding convention, and loaded with
+``RouterReplay.set_replay_data``; routers with different weights in ``REPLAY_FORWARD`` must then
+choose exactly the captured experts, token for token, while on their own they choose others.
+
+CPU shims (megatron-core 0.16.1, test only; GPU trainers need none):
+- ``Router.gating`` moves CPU weights to ``torch.cuda.current_device()``: patched to return "cpu".
+- ``moe_utils.te_general_gemm`` is never defined without Transformer Engine (NameError in
+  ``RouterGatingLinearFunction``): set to None, megatron's own non-TE branch.
+The worker runs in a subprocess so torch.distributed / megatron global state never leaks.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_megatron_router_replays_captured_experts():
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["replay_equal_all_tokens"] is True
+    assert res["replay_equals_captured"] is True
+    assert res["own_choice_differs_tokens"] > 0, res
+    assert res["num_routers"] == 3 and res["packed_rows"] == 16
+
+
+def _worker():
+    from unittest import mock
+
+    import numpy as np
+    import torch
+
+    from rollout.routed_experts import MoELayout, encode_sglang, load_replay, sample_routed_experts
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        from megatron.core import parallel_state
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+        from megatron.core.transformer.moe.router import TopKRouter
+        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        parallel_state.initialize_model_parallel(1, 1)
+        if not hasattr(moe_utils, "te_general_gemm"):
+            moe_utils.te_general_gemm = None  # shim 2 (see module docstring)
+        lay = MoELayout.from_first_k_dense(4, 1, 16, 4)
+        hidden = 32
+
+        def routers(seed, replay):
+            torch.manual_seed(seed)
+            cfg = TransformerConfig(
+                num_layers=lay.num_hidden_layers, hidden_size=hidden, num_attention_heads=4,
+                num_moe_experts=lay.num_experts, moe_router_topk=lay.topk, moe_enable_routing_replay=replay,
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_score_function="sigmoid",
+                moe_router_dtype="fp32", use_cpu_initialization=True, init_method_std=1.0)
+            return [TopKRouter(cfg, pg_collection=moe_utils.get_default_pg_collection()) for _ in lay.moe_layers]
+
+        def top_ids(routing_map):  # [N, E] bool -> [N, K] sorted ids
+            return routing_map.nonzero()[:, 1].view(routing_map.shape[0], lay.topk)
+
+        with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):  # shim 1
+            engine = routers(seed=1, replay=False)   # stand-in for the rollout engine's routers
+            trainer = routers(seed=2, replay=True)   # the trainer's routers, different weights
+            assert len(RouterReplay.global_router_replay_instances) == len(trainer)
+            token_lengths = [7, 5]
+            samples = [torch.randn(t, 1, hidden, generator=torch.Generator().manual_seed(10 + i))
+                       for i, t in enumerate(token_lengths)]
+            compacts = []
+            with torch.no_grad():
+                for h, t in zip(samples, token_lengths):
+                    full = np.zeros((t - 1, lay.num_hidden_layers, lay.topk), np.int32)  # dense layer 0 = zeros
+                    for j, layer in enumerate(lay.moe_layers):
+                        full[:, layer] = top_ids(engine[j](h[:-1])[1]).numpy()  # last token: no routing
+                    comp, reason = sample_routed_experts({"routed_experts": encode_sglang(full)}, t, lay)
+                    assert reason is None, reason
+                    compacts.append(comp)
+                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=8)
+                n = per_layer[0].shape[0]
+                packed = torch.zeros(n, 1, hidden)
+                packed[: sum(token_lengths)] = torch.cat(samples)  # slime thd packing, then padding rows
+                RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+                replayed = [r(packed)[1] for r in trainer]
+                RouterReplay.clear_global_router_replay_action()
+                own = [r(packed)[1] for r in trainer]
+                captured = [engine[j](packed)[1] for j in range(len(engine))]
+        expected = [torch.zeros(n, lay.num_experts, dtype=torch.bool).scatter(1, p, True) for p in per_layer]
+        # rows with captured routing: sample 0 -> 0..5 (6 = its last token, padded), sample 1 -> 7..10
+        real_rows = torch.tensor([*range(0, 6), *range(7, 11)])
+        res = {
+            "num_routers": len(trainer), "packed_rows": n,
+            "replay_equal_all_tokens": all(torch.equal(a, b) for a, b in zip(replayed, expected)),
+            "replay_equals_captured": all(torch.equal(a[real_rows], c[real_rows]) for a, c in zip(replayed, captured)),
+            "own_choice_differs_tokens": int(sum((a[real_rows] != c[real_rows]).any(1).sum() for a, c in zip(own, captured))),
+        }
+        print(json.dumps(res))
+    finally:
+        RouterReplay.clear_global_router_replay_instances()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    _worker()
