@@ -1,0 +1,65 @@
+"""`slime-moe-rollout config check FILE` and `config render FILE --format ...`."""
+from __future__ import annotations
+
+import json
+
+FORMATS = ("slime-args", "sglang-args", "external-addrs")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("config", help="check or render a training config (YAML)")
+    csub = p.add_subparsers(dest="config_command", required=True)
+
+    c = csub.add_parser("check", help="validate a config with SGLang's own rules; exit 2 on an error")
+    c.add_argument("file")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--no-sglang", action="store_true",
+                   help="derive with our copy of SGLang 0.5.23's rules instead of importing SGLang")
+    c.add_argument("--require-fixes", action="store_true",
+                   help="exit 1 when a fix the config needs is not active in this environment")
+    c.set_defaults(func=_check)
+
+    r = csub.add_parser("render", help="print the flags slime or SGLang expect")
+    r.add_argument("file")
+    r.add_argument("--format", required=True, choices=FORMATS)
+    r.add_argument("--group", help="engine group (sglang-args; default: every group)")
+    r.add_argument("--mode", choices=("plugin", "managed"),
+                   help="slime-args: who launches the engines (default: slime.integration)")
+    r.set_defaults(func=_render)
+
+
+def _user_error(e) -> Exception:
+    from rollout.cli import CliError
+    return CliError(" ".join(str(e).split()))
+
+
+def _check(args) -> int:
+    from training_configs.check import check_file, format_report
+    from training_configs.schema import ConfigError
+    try:
+        rep = check_file(args.file, use_sglang=not args.no_sglang)
+    except ConfigError as e:
+        raise _user_error(e) from None
+    print(json.dumps(rep.to_dict(), indent=1, default=str) if args.json else format_report(rep))
+    if args.require_fixes:
+        missing = [f for g in rep.groups for f in g.fixes
+                   if f.get("needed") and f.get("state") not in ("active", "upstream")]
+        if missing:
+            return 1
+    return 0
+
+
+def _render(args) -> int:
+    from training_configs.render import render
+    from training_configs.schema import ConfigError, load_config
+    try:
+        cfg = load_config(args.file)
+        if args.group:
+            try:
+                cfg.group(args.group)
+            except KeyError:
+                raise ConfigError(f"{args.file}: no engine group named {args.group!r}") from None
+        print(render(cfg, args.format, group=args.group, mode=args.mode))
+    except ConfigError as e:
+        raise _user_error(e) from None
+    return 0
