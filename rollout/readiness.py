@@ -1,0 +1,229 @@
+"""Phased readiness: an engine is admitted only after every phase passed within its own budget.
+
+  process alive -> HTTP up -> server status Up -> /health_generate 200 -> one-token probe on every
+  DP rank (`routed_dp_rank`) -> admitted
+
+Every poll (<= 0.2 s apart, also while an HTTP call is pending) checks that the process is still
+alive, so a death is seen within 1 s. A failure raises `ReadinessError`: one line naming the engine,
+the phase, its budget and the cause, with the last lines of the engine's log attached.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import aiohttp
+
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str      # budget field name in ReadinessBudgets, without "_s"
+    label: str
+
+
+PHASES = (
+    Phase("process", "process alive"),
+    Phase("http", "HTTP up"),
+    Phase("server_up", "server status Up"),
+    Phase("health_generate", "/health_generate 200"),
+    Phase("dp_probe", "one-token probe on every DP rank"),
+)
+
+
+class ReadinessError(RuntimeError):
+    def __init__(self, engine: str, phase: str, budget: float, reason: str, log_tail: list[str]):
+        self.engine, self.phase, self.budget, self.reason, self.log_tail = engine, phase, budget, reason, log_tail
+        last = next((ln for ln in reversed(log_tail) if ln.strip()), "")
+        tail = f" | last log line: {last.strip()[:200]}" if last else ""
+        super().__init__(f"engine {engine}: phase '{phase}' failed (budget {budget:g} s): {reason}{tail}")
+
+
+class _Dead(Exception):
+    pass
+
+
+@dataclass
+class ReadyInfo:
+    dp_size: int
+    weight_version: Optional[str]
+    phase_s: dict = field(default_factory=dict)  # label -> seconds spent
+
+
+def auth_headers(api_key: str | None) -> dict:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class NullView:
+    """Progress sink that shows nothing (tests, benchmarks)."""
+
+    def phase(self, engine: str, index: int, label: str, budget: float) -> None: ...
+    def admitted(self, engine: str, seconds: float) -> None: ...
+    def failed(self, engine: str, message: str) -> None: ...
+
+
+class RichView:
+    """One rich progress row per engine: current phase, phases done, elapsed time."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.tasks: dict[str, int] = {}
+
+    def _task(self, engine):
+        if engine not in self.tasks:
+            self.tasks[engine] = self.progress.add_task(engine, total=len(PHASES))
+        return self.tasks[engine]
+
+    def phase(self, engine, index, label, budget):
+        self.progress.update(self._task(engine), completed=index,
+                             description=f"{engine}: {label} (budget {budget:g} s)")
+
+    def admitted(self, engine, seconds):
+        self.progress.update(self._task(engine), completed=len(PHASES),
+                             description=f"{engine}: admitted after {seconds:.1f} s")
+
+    def failed(self, engine, message):
+        self.progress.update(self._task(engine), description=f"{engine}: FAILED")
+
+
+async def _guard(engine, coro, deadline: float):
+    """Await coro, but give up as soon as the process dies or the deadline passes."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S)
+            if done:
+                return task.result()
+            if not engine.alive():
+                raise _Dead()
+            if time.monotonic() >= deadline:
+                raise asyncio.TimeoutError()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def _get(session, engine, path, deadline, auth=True):
+    timeout = aiohttp.ClientTimeout(total=max(0.1, deadline - time.monotonic()))
+    async with session.get(engine.url + path, headers=auth_headers(engine.api_key) if auth else {},
+                           timeout=timeout) as r:
+        body = await r.read()
+        return r.status, body
+
+
+async def probe_dp_rank(session, engine, rank: Optional[int], timeout_s: float, token_id: int = 1) -> None:
+    """A one-token greedy /generate pinned to one DP rank; raises on anything but a token back."""
+    payload = {"input_ids": [token_id], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    if rank is not None:
+        payload["routed_dp_rank"] = rank
+    async with session.post(engine.url + "/generate", json=payload, headers=auth_headers(engine.api_key),
+                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        if r.status != 200:
+            text = (await r.text())[:200].replace("\n", " ")
+            raise RuntimeError(f"DP rank {rank}: HTTP {r.status} {text}")
+        out = await r.json()
+    if not out.get("meta_info", {}).get("completion_tokens", 0) >= 1:
+        raise RuntimeError(f"DP rank {rank}: no token generated")
+
+
+async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
+                     dp_size: Optional[int] = None) -> ReadyInfo:
+    """Run every phase for one engine; returns ReadyInfo or raises ReadinessError."""
+    view = view or NullView()
+    info = ReadyInfo(dp_size=dp_size or getattr(engine.spec, "dp_size", 1), weight_version=None)
+    t_all = time.monotonic()
+    for i, ph in enumerate(PHASES):
+        budget = float(getattr(budgets, f"{ph.key}_s"))
+        view.phase(engine.name, i, ph.label, budget)
+        t0 = time.monotonic()
+        deadline = t0 + budget
+        last = "no answer yet"
+        try:
+            while True:
+                if not engine.alive():
+                    raise _Dead()
+                try:
+                    ok, last = await _guard(engine, _check(ph.key, session, engine, info, deadline), deadline)
+                except (_Dead, asyncio.TimeoutError, _Fatal):
+                    raise
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    ok, last = False, _short(e)
+                if ok:
+                    break
+                if time.monotonic() + POLL_S >= deadline:
+                    raise asyncio.TimeoutError()
+                await asyncio.sleep(POLL_S)
+        except _Dead:
+            # give the log a moment to receive the traceback
+            await asyncio.sleep(0.3)
+            reason = engine.exit_reason()
+            view.failed(engine.name, reason)
+            raise ReadinessError(engine.name, ph.label, budget, reason, engine.log_tail()) from None
+        except asyncio.TimeoutError:
+            reason = f"not reached within {budget:g} s (last: {last})"
+            view.failed(engine.name, reason)
+            raise ReadinessError(engine.name, ph.label, budget, reason, engine.log_tail()) from None
+        except _Fatal as e:
+            view.failed(engine.name, str(e))
+            raise ReadinessError(engine.name, ph.label, budget, str(e), engine.log_tail()) from None
+        info.phase_s[ph.label] = time.monotonic() - t0
+    view.admitted(engine.name, time.monotonic() - t_all)
+    return info
+
+
+class _Fatal(Exception):
+    """A phase answer that waiting will not fix (e.g. the API key is rejected)."""
+
+
+def _short(e: BaseException) -> str:
+    s = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {s}"[:160] if s else type(e).__name__
+
+
+async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool, str]:
+    if key == "process":
+        return engine.alive(), "process not running"
+    if key == "http":
+        status, body = await _get(session, engine, "/model_info", deadline)
+        if status in (401, 403):
+            raise _Fatal(f"API key rejected by the server (HTTP {status} on /model_info)")
+        if status == 200:
+            try:
+                import json
+                info.weight_version = json.loads(body).get("weight_version")
+            except ValueError:
+                pass
+            return True, "ok"
+        return False, f"HTTP {status} on /model_info"
+    if key == "server_up":
+        status, _ = await _get(session, engine, "/ready", deadline, auth=False)
+        if status != 200:
+            return False, f"HTTP {status} on /ready (server status not Up)"
+        status, body = await _get(session, engine, "/server_info", deadline)
+        if status in (401, 403):
+            raise _Fatal(f"API key rejected by the server (HTTP {status} on /server_info)")
+        if status == 200:
+            import json
+            try:
+                srv = json.loads(body)
+                dp = int(srv.get("dp_size") or 1) if srv.get("enable_dp_attention") else 1
+                info.dp_size = dp
+            except (ValueError, TypeError):
+                pass
+        return True, "ok"
+    if key == "health_generate":
+        status, _ = await _get(session, engine, "/health_generate", deadline, auth=False)
+        return status == 200, f"HTTP {status} on /health_generate"
+    if key == "dp_probe":
+        ranks = list(range(info.dp_size)) if info.dp_size > 1 else [None]
+        left = max(0.5, deadline - time.monotonic())
+        results = await asyncio.gather(*(probe_dp_rank(session, engine, r, left) for r in ranks),
+                                       return_exceptions=True)
+        bad = [str(r) for r in results if isinstance(r, BaseException)]
+        if any(" 401 " in b or " 403 " in b for b in bad):
+            raise _Fatal(f"API key rejected by the server ({bad[0][:120]})")
+        return not bad, "; ".join(bad)[:200] or "ok"
+    raise ValueError(key)

@@ -1,0 +1,232 @@
+"""Phased readiness and the health monitor against STAND-IN server processes (no SGLang).
+
+The scenarios here are about the process and its answers (exits during start-up, hangs in a phase,
+rejects the key, port taken, dies mid-phase), so a cheap stand-in process plays the server: this
+file run as a script (`python tests/test_readiness.py MODE PORT`) is that stand-in. The same
+checks against real SGLang engines are in tests/test_manager_engines.py.
+"""
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+if __name__ != "__main__":
+    import aiohttp
+    import pytest
+
+    from rollout.config import EngineSpec
+    from rollout.health import HealthMonitor
+    from rollout.lifecycle import EngineStartError, LocalBackend
+    from rollout.readiness import PHASES, ReadinessError, wait_ready
+    from training_configs.schema import EngineGroup, ReadinessBudgets
+
+
+# ----------------------------------------------------------------------------- the stand-in server
+def _serve(mode: str, port: int) -> None:
+    print(f"stand-in server: mode {mode}", flush=True)
+    if mode == "exit":
+        time.sleep(0.5)
+        print("stand-in: fatal: cannot load the model", flush=True)
+        sys.exit(3)
+    if mode == "silent":
+        while True:
+            time.sleep(1)
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, obj=None):
+            body = json.dumps(obj or {}).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if mode == "auth" and self.path == "/model_info":
+                return self._send(401, {"error": "Unauthorized"})
+            if self.path == "/model_info":
+                return self._send(200, {"weight_version": "default"})
+            if self.path == "/ready":
+                return self._send(503 if mode == "hang" else 200)
+            if self.path == "/server_info":
+                return self._send(200, {"dp_size": 2, "enable_dp_attention": True})
+            return self._send(200)
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            print(f"generate dp_rank={body.get('routed_dp_rank')}", flush=True)
+            self._send(200, {"meta_info": {"completion_tokens": 1}})
+
+    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]))
+    sys.exit(0)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spec(port, key="k"):
+    g = EngineGroup(name="standin", engines=1, gpus_per_engine=1, tp=1)
+    return EngineSpec("standin-0", g, 0, "127.0.0.1", port, key, "/nonexistent")
+
+
+def _backend(tmp_path, mode):
+    return LocalBackend(str(tmp_path), command=lambda spec: ([sys.executable, __file__, mode, str(spec.port)], {}))
+
+
+BUDGETS = ReadinessBudgets(process_s=2, http_s=3, server_up_s=2, health_generate_s=2, dp_probe_s=2)
+
+
+async def _ready(engine, budgets=BUDGETS):
+    async with aiohttp.ClientSession() as s:
+        return await wait_ready(engine, budgets, s)
+
+
+def _run(engine, budgets=BUDGETS):
+    try:
+        return asyncio.run(_ready(engine, budgets))
+    finally:
+        engine.stop()
+        assert engine.leftover_pids() == []  # no orphan processes
+
+
+# ----------------------------------------------------------------------------- tests
+def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path):
+    eng = _backend(tmp_path, "ok").start(_spec(_free_port()))
+    info = _run(eng)
+    assert info.dp_size == 2 and list(info.phase_s) == [p.label for p in PHASES]
+    log = open(eng.log_path).read()
+    assert "generate dp_rank=0" in log and "generate dp_rank=1" in log
+
+
+def test_exit_during_startup_names_phase_and_log(tmp_path):
+    eng = _backend(tmp_path, "exit").start(_spec(_free_port()))
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert "phase 'HTTP up'" in msg and "budget 3 s" in msg and "exited with code 3" in msg
+    assert "cannot load the model" in msg and any("cannot load" in ln for ln in ei.value.log_tail)
+    assert time.monotonic() - t0 < 3
+
+
+def test_hang_in_a_phase_fails_within_its_budget(tmp_path):
+    eng = _backend(tmp_path, "hang").start(_spec(_free_port()))
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    took = time.monotonic() - t0
+    assert "phase 'server status Up'" in str(ei.value) and "budget 2 s" in str(ei.value)
+    assert "HTTP 503 on /ready" in str(ei.value)
+    assert took < 2 + 1 + 1.5  # the phase budget + the earlier phases' time + slack
+
+
+def test_wrong_api_key_is_named_at_once(tmp_path):
+    eng = _backend(tmp_path, "auth").start(_spec(_free_port()))
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    assert "API key rejected" in str(ei.value) and "phase 'HTTP up'" in str(ei.value)
+    assert time.monotonic() - t0 < 3
+
+
+def test_port_already_taken(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is already taken"):
+            _backend(tmp_path, "ok").start(_spec(port))
+
+
+def test_death_mid_phase_is_seen_within_one_second(tmp_path):
+    eng = _backend(tmp_path, "silent").start(_spec(_free_port()))
+    budgets = ReadinessBudgets(process_s=2, http_s=60, server_up_s=2, health_generate_s=2, dp_probe_s=2)
+
+    async def go():
+        task = asyncio.create_task(_ready(eng, budgets))
+        await asyncio.sleep(1.0)
+        t_kill = time.monotonic()
+        eng.kill()
+        with pytest.raises(ReadinessError) as ei:
+            await task
+        return time.monotonic() - t_kill, ei.value
+
+    try:
+        took, err = asyncio.run(go())
+    finally:
+        eng.stop()
+    assert "killed by signal SIGKILL" in str(err) and "phase 'HTTP up'" in str(err)
+    assert took < 1.0 + 0.3 + 0.2  # seen within 1 s (+ the 0.3 s wait for the log's last lines)
+
+
+class _FakeEngine:
+    def __init__(self, name):
+        self.name, self.dead = name, False
+
+    def alive(self):
+        return not self.dead
+
+    def exit_reason(self):
+        return "process exited with code 9"
+
+
+def test_health_one_failure_is_tolerated_n_in_a_row_kill():
+    plan = {"a": [False, True, False, True, True], "b": [False, False, False]}
+    deaths = []
+
+    async def probe(engine):
+        ok = plan[engine.name].pop(0) if plan[engine.name] else True
+        if not ok:
+            raise RuntimeError("HTTP 503")
+
+    async def on_dead(engine, reason):
+        deaths.append((engine.name, reason))
+
+    async def go():
+        m = HealthMonitor(probe, on_dead, interval_s=0.05, failures=3, alive_poll_s=0.01)
+        a, b, c = _FakeEngine("a"), _FakeEngine("b"), _FakeEngine("c")
+        m.watch(a)
+        m.watch(b)
+        m.start()
+        await asyncio.sleep(0.6)
+        assert [d[0] for d in deaths] == ["b"] and "3 consecutive health probes failed" in deaths[0][1]
+        m.watch(c)
+        c.dead = True  # process death: no need to wait for probes
+        await asyncio.sleep(0.1)
+        await m.stop()
+        return m
+
+    m = asyncio.run(go())
+    assert [d[0] for d in deaths] == ["b", "c"] and deaths[1][1] == "process exited with code 9"
+    assert [ok for n, ok, _ in m.history if n == "a"][:5] == [False, True, False, True, True]
+
+
+def test_health_never_probes_an_engine_that_is_not_admitted():
+    probed = []
+
+    async def probe(engine):
+        probed.append(engine.name)
+
+    async def go():
+        m = HealthMonitor(probe, lambda e, r: None, interval_s=0.02, failures=1, alive_poll_s=0.01)
+        m.start()
+        await asyncio.sleep(0.2)  # an engine in start-up is simply not watched yet
+        await m.stop()
+
+    asyncio.run(go())
+    assert probed == []
