@@ -2,13 +2,16 @@
 
 Served as `sgl_kernel` by `sglang_patches.cpu.site_hook` when no real build is
 installed. Ops with a torch implementation are listed in `ops.OPS`; any other
-name raises an error naming the op.
+name resolves (so SGLang's import-time `from sgl_kernel import X` works) to a
+function that raises an error naming the op when called. Importing the package
+also registers the attention ops as `torch.ops.sgl_kernel.*` (see attention.py).
 """
 import importlib
 
 IS_CPU_SUBSTITUTE = True
 
 _ops = importlib.import_module(__name__ + ".ops")
+importlib.import_module(__name__ + ".attention").register_torch_ops()
 
 
 class UnimplementedOp(NotImplementedError):

@@ -1,3 +1,32 @@
-"""Torch implementations of the `sgl_kernel` CPU ops SGLang calls (filled in per op)."""
+"""Torch implementations of the `sgl_kernel` CPU ops SGLang 0.5.23 calls, by name."""
+from .attention import decode_attention_cpu, extend_attention_cpu
+from .cache_ops import (
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    assign_req_to_token_pool_cpu,
+    build_draft_decode_metadata_cpu,
+    copy_all_layer_kv_cache_cpu,
+)
+from .spec_ops import (
+    build_tree_kernel_efficient_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
 
-OPS = {}
+OPS = {
+    fn.__name__: fn
+    for fn in (
+        copy_all_layer_kv_cache_cpu,
+        assign_req_to_token_pool_cpu,
+        assign_extend_cache_locs_cpu,
+        assign_draft_cache_locs_contiguous_cpu,
+        build_draft_decode_metadata_cpu,
+        build_tree_kernel_efficient_cpu,
+        verify_tree_greedy_cpu,
+        fill_bonus_tokens_cpu,
+        fill_accept_out_cache_loc_cpu,
+        extend_attention_cpu,
+        decode_attention_cpu,
+    )
+}
