@@ -7,11 +7,14 @@ function that raises an error naming the op when called. Importing the package
 also registers the attention ops as `torch.ops.sgl_kernel.*` (see attention.py).
 """
 import importlib
+import os
 
 IS_CPU_SUBSTITUTE = True
 
 _ops = importlib.import_module(__name__ + ".ops")
-importlib.import_module(__name__ + ".attention").register_torch_ops()
+if os.environ.get("SGL_KERNEL_CPU_TRACE") == "1":
+    _ops.trace_first_calls()
+importlib.import_module(__name__ + ".attention").register_torch_ops(_ops.OPS)
 
 
 class UnimplementedOp(NotImplementedError):

@@ -147,12 +147,13 @@ def decode_attention_cpu(
         output[b] = out[0].to(output.dtype)
 
 
-def register_torch_ops() -> None:
-    """Make torch.ops.sgl_kernel.{extend,decode}_attention_cpu call the functions above.
-    Idempotent; skips an op that is already registered (e.g. by a real sgl_kernel)."""
+def register_torch_ops(impls=None) -> None:
+    """Make torch.ops.sgl_kernel.{extend,decode}_attention_cpu call the functions above
+    (or impls[name]). Idempotent; skips an op already registered (e.g. by a real sgl_kernel)."""
+    impls = impls or {}
     ns = torch.ops.sgl_kernel
     todo = [
-        (name, schema, fn)
+        (name, schema, impls.get(name, fn))
         for name, schema, fn in (
             ("extend_attention_cpu", EXTEND_SCHEMA, extend_attention_cpu),
             ("decode_attention_cpu", DECODE_SCHEMA, decode_attention_cpu),

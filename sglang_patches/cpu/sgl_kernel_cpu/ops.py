@@ -1,4 +1,7 @@
 """Torch implementations of the `sgl_kernel` CPU ops SGLang 0.5.23 calls, by name."""
+import functools
+import sys
+
 from .attention import decode_attention_cpu, extend_attention_cpu
 from .cache_ops import (
     assign_draft_cache_locs_contiguous_cpu,
@@ -30,3 +33,20 @@ OPS = {
         decode_attention_cpu,
     )
 }
+
+
+def trace_first_calls() -> None:
+    """Diagnostics (env SGL_KERNEL_CPU_TRACE=1): print each op's name to stderr on its first call."""
+    for name, fn in list(OPS.items()):
+        if getattr(fn, "_traced", False):
+            continue
+
+        @functools.wraps(fn)
+        def wrapper(*args, _fn=fn, _name=name, _seen=[], **kwargs):
+            if not _seen:
+                _seen.append(1)
+                print(f"sgl_kernel CPU substitute: first call of {_name}", file=sys.stderr, flush=True)
+            return _fn(*args, **kwargs)
+
+        wrapper._traced = True
+        OPS[name] = wrapper
