@@ -1,0 +1,80 @@
+"""Regression tests for the DP-attention fix set, on real SGLang 0.5.23 code.
+
+Each scenario in `dp_scenarios.py` runs twice, in separate processes: with SGLang's own
+`load_plugins()` discovering our installed entry point, and with `SGLANG_PLUGINS=none`
+(stock SGLang). A fix's test requires the defect to show without the plugin and the correct
+behaviour with it. `test_diffs.py` runs the same scenarios on a tree patched by the diffs.
+"""
+import pytest
+
+FIX_SCENARIOS = {
+    "capturer-extent": [
+        "capturer_extent_verify_graph",
+        "capturer_extent_prefill_graph_first",
+        "capturer_extent_prefill_graph_stale_bs",
+    ],
+    "routed-experts-rows": [
+        "routed_experts_rows_verify",
+        "routed_experts_rows_prefill_graph",
+        "routed_experts_rows_unchunked",
+    ],
+    "draft-extend-real-rows": ["draft_extend_real_rows"],
+    "verify-padding-lcm": ["verify_padding_k3_attn_tp8", "verify_padding_k6_attn_tp4"],
+}
+GUARD_SCENARIOS = [
+    "capturer_extent_eager_prefix_sum",
+    "routed_experts_rows_default",
+    "draft_extend_unpadded_untouched",
+    "verify_padding_k4_attn_tp8",
+]
+
+
+def _check_fix(results, fix):
+    for name in FIX_SCENARIOS[fix]:
+        stock, fixed = results["none"][name], results["plugin"][name]
+        assert not stock["ok"], f"{name}: defect did not show on stock SGLang: {stock['detail']}"
+        assert fixed["ok"], f"{name}: still wrong with the plugin: {fixed['detail']} {fixed.get('trace', '')}"
+
+
+def test_plugin_loaded_by_sglang_entry_point(dp_results):
+    assert dp_results["plugin"]["_meta"]["registered"] == list(FIX_SCENARIOS)
+    assert dp_results["none"]["_meta"]["registered"] == []
+
+
+def test_capturer_extent(dp_results):
+    _check_fix(dp_results, "capturer-extent")
+
+
+def test_routed_experts_rows(dp_results):
+    _check_fix(dp_results, "routed-experts-rows")
+
+
+def test_draft_extend_real_rows(dp_results):
+    _check_fix(dp_results, "draft-extend-real-rows")
+
+
+def test_verify_padding_lcm(dp_results):
+    _check_fix(dp_results, "verify-padding-lcm")
+
+
+@pytest.mark.parametrize("name", GUARD_SCENARIOS)
+def test_unaffected_paths_stay_correct(dp_results, name):
+    for state in ("none", "plugin"):
+        assert dp_results[state][name]["ok"], f"{state}: {dp_results[state][name]['detail']}"
+
+
+def test_every_fix_has_scenarios():
+    from sglang_patches.registry import all_fixes
+
+    hooked = {f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream}
+    assert hooked == set(FIX_SCENARIOS)
+    for fix in all_fixes():
+        if fix.name in FIX_SCENARIOS:
+            assert fix.test == f"tests/test_dp_fixes.py::test_{fix.name.replace('-', '_')}"
+
+
+@pytest.fixture(scope="module")
+def dp_results():
+    from scenario_runner import run_states
+
+    return run_states(["none", "plugin"])
