@@ -67,19 +67,21 @@ class _Slot:
         self.engine, self.capacity = engine, capacity
         self.outstanding = 0
         self.served = 0
+        self.suspect_until = 0.0                      # after a connection error: avoid for a moment
         self.inflight: dict[str, asyncio.Task] = {}   # rid -> attempt task
 
 
 class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession, sampling: dict, capacity: int,
                  routed_experts: bool = False, decode_routed: Optional[Callable] = None,
-                 max_attempts: int = 5, request_timeout_s: float = 3600.0):
+                 max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None):
         self.session = session
         self.sampling = dict(sampling)
         self.capacity = capacity
         self.routed_experts = routed_experts
         self.decode_routed = decode_routed     # (payload, num_tokens, start_len) -> (array|None, reason|None)
         self.max_attempts = max_attempts
+        self.on_error = on_error               # async (engine) -> None, after a connection-level error
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
@@ -122,12 +124,16 @@ class Dispatcher:
             while True:
                 if self.closed_reason:
                     raise RuntimeError(self.closed_reason)
-                free = [s for s in self.slots.values() if s.outstanding < s.capacity]
+                now = time.monotonic()
+                free = [s for s in self.slots.values() if s.outstanding < s.capacity and s.suspect_until <= now]
                 if free:
                     slot = min(free, key=lambda s: (s.outstanding, s.served))
                     slot.outstanding += 1
                     return slot
-                await self._cond.wait()
+                try:
+                    await asyncio.wait_for(self._cond.wait(), timeout=0.1)
+                except asyncio.TimeoutError:
+                    pass
 
     async def _release(self, slot: _Slot, served: bool = True) -> None:
         async with self._cond:
@@ -184,6 +190,10 @@ class Dispatcher:
             if isinstance(out, Exception):
                 sample.error = _short(out)
                 self.resent += 1
+                if not isinstance(out, EngineLost):
+                    slot.suspect_until = time.monotonic() + 1.0
+                    if self.on_error:
+                        await self.on_error(slot.engine)
                 continue
             status, body = out
             if status >= 500:

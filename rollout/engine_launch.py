@@ -303,3 +303,25 @@ def launch(opts: EngineOptions, log_path: str) -> EngineProcess:
     finally:
         log.close()
     return EngineProcess(popen=popen, opts=opts, log_path=log_path)
+
+
+NEXTN = {"algorithm": "NEXTN", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3}
+PRESETS = {
+    "a": "single rank + routed experts",
+    "b": "single rank + routed experts + NEXTN (2 steps, top-k 1, 3 draft tokens)",
+    "c": "DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, NEXTN, routed experts",
+}
+
+
+def preset(name: str, model_path: str, **overrides) -> EngineOptions:
+    """The issue's configurations (a), (b), (c) for `model_path`."""
+    if name == "a":
+        opts = EngineOptions(model_path=model_path, routed_experts=True)
+    elif name == "b":
+        opts = EngineOptions(model_path=model_path, routed_experts=True, speculative=dict(NEXTN))
+    elif name == "c":
+        opts = EngineOptions(model_path=model_path, tp=4, dp=2, ep=4, moe_dense_tp=1, enable_dp_attention=True,
+                             enable_dp_lm_head=True, routed_experts=True, speculative=dict(NEXTN))
+    else:
+        raise ValueError(f"unknown engine configuration {name!r} (choose from {', '.join(PRESETS)})")
+    return replace(opts, **overrides)

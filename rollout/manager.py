@@ -96,7 +96,7 @@ class RolloutManager:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
         self.dispatcher = Dispatcher(self.session, self.sampling, self.concurrency,
                                      routed_experts=self.decode_routed is not None,
-                                     decode_routed=self.decode_routed)
+                                     decode_routed=self.decode_routed, on_error=self._on_error)
         probe = self._health_probe or http_probe(self.session, self.health_cfg.timeout_s)
         self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures)
         results = await asyncio.gather(*(self._bring_up(spec) for spec in self.specs.values()),
@@ -159,6 +159,12 @@ class RolloutManager:
             return (await r.json()).get("weight_version")
 
     # ------------------------------------------------------------------ recovery
+    async def _on_error(self, engine) -> None:
+        """A request to `engine` failed at the connection level: if its process is gone, act now."""
+        if not engine.alive() and self.monitor.watched.get(engine.name) is engine:
+            self.monitor.unwatch(engine)
+            await self._on_dead(engine, engine.exit_reason())
+
     async def _on_dead(self, engine, reason: str) -> None:
         n = await self.dispatcher.remove(engine)
         self.log(engine.name, f"dead: {reason}; {n} in-flight request(s) re-sent")

@@ -1,0 +1,379 @@
+"""Manager logic (routing, exactly-once, re-send, partial rollout, backpressure, recovery) against
+STAND-IN engines: small aiohttp servers in threads that speak the part of SGLang's HTTP API the
+manager uses (/model_info, /ready, /server_info, /health_generate, /generate with logprobs and
+routed experts, /abort_request). They are fakes, named as such; the real-engine versions of these
+scenarios are in tests/test_manager_engines.py.
+"""
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pybase64
+import pytest
+from aiohttp import web
+
+from rollout.config import EngineSpec
+from rollout.dispatch import Dispatcher
+from rollout.manager import RolloutManager, group_record, routed_decoder
+from rollout.stream import GroupStream
+from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
+
+MODEL = ModelConfig(path="standin", num_layers=3, num_experts=8, topk=2, first_k_dense_replace=1)
+
+
+def routed_payload(rows: int) -> str:
+    arr = np.zeros((rows, MODEL.num_layers, MODEL.topk), dtype="<i4")
+    for r in range(rows):
+        for layer in range(MODEL.first_k_dense_replace, MODEL.num_layers):
+            arr[r, layer] = [(r + layer + k) % MODEL.num_experts for k in range(MODEL.topk)]
+    return pybase64.b64encode(arr.tobytes()).decode()
+
+
+class StandinEngine:
+    """A fake SGLang server (aiohttp, own thread + loop) and the Engine handle for it."""
+
+    backend = "standin"
+
+    def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None):
+        self.spec, self.token_s, self.fail_health = spec, token_s, fail_health
+        self.slow_from = slow_from  # prompts whose first id is >= this decode 20x slower (stragglers)
+        self.requests, self.aborts, self.inflight_max, self._inflight = [], 0, 0, 0
+        self._abort = asyncio.Event
+        self._killed = False
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        self._ready.wait(10)
+
+    name = property(lambda self: self.spec.name)
+    url = property(lambda self: self.spec.url)
+    api_key = property(lambda self: self.spec.api_key)
+    pid = 0
+    log_path = "/dev/null"
+
+    def _main(self):
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self._serve())
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self):
+        self.abort_all = asyncio.Event()
+        app = web.Application()
+        async def model_info(r):
+            return web.json_response({"weight_version": "default"})
+
+        async def ready(r):
+            return web.Response(status=200)
+
+        async def server_info(r):
+            return web.json_response({"dp_size": 1})
+
+        app.router.add_get("/model_info", model_info)
+        app.router.add_get("/ready", ready)
+        app.router.add_get("/server_info", server_info)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_post("/abort_request", self._abort_req)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.spec.host, self.spec.port).start()
+
+    async def _health(self, request):
+        return web.Response(status=503 if self.fail_health else 200)
+
+    async def _abort_req(self, request):
+        self.aborts += 1
+        self.abort_all.set()
+        await asyncio.sleep(0.05)
+        self.abort_all.clear()
+        return web.Response(status=200)
+
+    async def _generate(self, request):
+        body = await request.json()
+        self.requests.append(body)
+        self._inflight += 1
+        self.inflight_max = max(self.inflight_max, self._inflight)
+        try:
+            ids = body["input_ids"]
+            n = body["sampling_params"]["max_new_tokens"]
+            out, finish = [], "length"
+            if body.get("sampling_params", {}).get("max_new_tokens") == 1 and len(ids) == 1:
+                return web.json_response({"meta_info": {"completion_tokens": 1}})
+            for i in range(n):
+                if self._killed:  # like kill -9: the connection just drops
+                    request.transport.close()
+                    raise ConnectionResetError("killed")
+                if self.abort_all.is_set():
+                    finish = "abort"
+                    break
+                slow = self.slow_from is not None and ids[0] >= self.slow_from
+                await asyncio.sleep(self.token_s * (20 if slow else 1))
+                out.append((sum(ids) + i) % 97 + 3)
+            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": {"type": finish},
+                    "weight_version": "default", "completion_tokens": len(out)}
+            if body.get("return_routed_experts"):
+                start = body.get("routed_experts_start_len", 0)
+                meta["routed_experts"] = routed_payload(len(ids) + len(out) - 1 - start)
+            return web.json_response({"meta_info": meta})
+        finally:
+            self._inflight -= 1
+
+    # Engine interface
+    def alive(self):
+        return not self._killed
+
+    def exit_reason(self):
+        return "process killed by signal SIGKILL" if self._killed else "process is running"
+
+    def log_tail(self, n=20):
+        return []
+
+    def kill(self, sig=9):
+        """Like kill -9: the server vanishes, open connections are dropped."""
+        if not self._killed:
+            self._killed = True
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+
+    def stop(self):
+        self.kill()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def leftover_pids(self):
+        return []
+
+
+class StandinBackend:
+    name = "standin"
+
+    def __init__(self, **kw):
+        self.kw, self.started = kw, []
+
+    def start(self, spec):
+        e = StandinEngine(spec, **self.kw)
+        self.started.append(e)
+        return e
+
+    def shutdown(self):
+        pass
+
+
+def _ports(n):
+    out = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            out.append(s.getsockname()[1])
+    return out
+
+
+def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, partial=True, backend=None, **kw):
+    g = EngineGroup(name="s", engines=n_engines, gpus_per_engine=1, tp=1, routed_experts=True)
+    specs = [EngineSpec(f"s-{i}", g, i, "127.0.0.1", p, "key", "x") for i, p in enumerate(_ports(n_engines))]
+    return RolloutManager(
+        specs, backend or StandinBackend(),
+        budgets=ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
+        health=HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
+        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples=n_samples,
+        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial, **kw)
+
+
+def prompts(n):
+    return [[5 + i, 6, 7, 8] for i in range(n)]
+
+
+def test_groups_stream_exactly_once_with_routed_experts():
+    async def go():
+        async with make_manager() as mgr:
+            stream = GroupStream(maxsize=4)
+            got = []
+
+            async def consume():
+                async for g in stream:
+                    got.append(g)
+
+            c = asyncio.create_task(consume())
+            res = await mgr.rollout(prompts(10), stream, batch_size=10)
+            await stream.close()
+            await c
+            return mgr, res, got
+
+    mgr, res, got = asyncio.run(go())
+    assert res.delivered == 10 and len({g.group_id for g in got}) == 10
+    for g in got:
+        assert len(g.samples) == 2 and len({s.sample_id for s in g.samples}) == 2
+        for s in g.samples:
+            assert s.status == "truncated" and len(s.response_ids) == 8 and len(s.logprobs) == 8
+            assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 2)  # compact: 2 MoE layers, top-2
+        rec = group_record(g)
+        assert rec["samples"][0]["routed_experts"]["shape"] == [11, 2, 2]
+    engines = {s.engine for g in got for s in g.samples}
+    assert engines == {"s-0", "s-1"}  # least-outstanding routing uses both
+
+
+def test_concurrency_bound_and_least_outstanding():
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(concurrency=3, max_new_tokens=20, backend=backend) as mgr:
+            stream = GroupStream(maxsize=100)
+            await mgr.rollout(prompts(12), stream, batch_size=12)
+            return backend
+
+    backend = asyncio.run(go())
+    for e in backend.started:
+        assert e.inflight_max <= 3
+    n = [len([r for r in e.requests if len(r["input_ids"]) > 1]) for e in backend.started]
+    assert abs(n[0] - n[1]) <= 2 and sum(n) == 24
+
+
+def test_engine_death_resends_and_every_group_arrives_once():
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(max_new_tokens=30, backend=backend) as mgr:
+            stream = GroupStream(maxsize=100)
+            task = asyncio.create_task(mgr.rollout(prompts(12), stream, batch_size=12))
+            await asyncio.sleep(0.15)
+            backend.started[0].kill()
+            res = await task
+            await stream.close()
+            got = [g async for g in stream]
+            # the dead engine is restarted, re-admitted after readiness and serves again
+            for _ in range(100):
+                if any("re-admitted" in w for _, _, w in mgr.events):
+                    break
+                await asyncio.sleep(0.05)
+            res2 = await mgr.rollout(prompts(6), GroupStream(100), batch_size=6)
+            return mgr, res, got, backend, res2
+
+    mgr, res, got, backend, res2 = asyncio.run(go())
+    assert res.delivered == 12 and res.resent >= 1
+    assert sorted(g.group_id for g in got) == sorted({g.group_id for g in got})
+    assert all(s.status == "truncated" and len(s.response_ids) == 30 for g in got for s in g.samples)
+    assert any(len(s.engines) > 1 for g in got for s in g.samples)  # re-sent samples
+    assert len(backend.started) == 3 and any("re-admitted" in w for _, _, w in mgr.events)
+    assert res2.delivered == 6 and len(backend.started[2].requests) > 0  # the restarted engine serves
+
+
+def test_health_failures_remove_and_restart_an_engine():
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(backend=backend) as mgr:
+            mgr.engines["s-0"].fail_health = True  # after admission: start-up is never probed
+            for _ in range(100):
+                if any(w.startswith("dead") for _, _, w in mgr.events):
+                    break
+                await asyncio.sleep(0.05)
+            return mgr
+
+    mgr = asyncio.run(go())
+    dead = [w for _, n, w in mgr.events if w.startswith("dead") and n == "s-0"]
+    assert dead and "2 consecutive health probes failed (last: HTTP 503)" in dead[0]
+
+
+def test_partial_rollout_aborts_stragglers_and_continues_them_next_step():
+    async def go():
+        backend = StandinBackend(slow_from=7)  # groups 0 and 1 are fast, 2..5 are stragglers
+        async with make_manager(concurrency=8, max_new_tokens=40, backend=backend) as mgr:
+            stream = GroupStream(maxsize=100)
+            # one fast batch of 2 groups out of 6 submitted: the other 4 are aborted mid-way
+            res1 = await mgr.rollout(prompts(6), stream, batch_size=2)
+            carried = [(s.status, len(s.response_ids)) for g in mgr.carry for s in g.samples]
+            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carry))
+            await stream.close()
+            got = [g async for g in stream]
+            return res1, res2, carried, got
+
+    res1, res2, carried, got = asyncio.run(go())
+    assert res1.delivered == 2 and res1.carried == 4
+    assert all(status == "aborted" and 0 < n < 40 for status, n in carried)
+    assert res2.delivered == 4 and len(got) == 6 and len({g.group_id for g in got}) == 6
+    resumed = [s for g in got for s in g.samples if s.resumes]
+    assert resumed
+    for s in resumed:
+        assert len(s.response_ids) == 40 and s.status == "truncated"
+        # routed experts merged across the abort: one row per token but the last
+        assert s.routed_experts.shape[0] == len(s.tokens) - 1
+
+
+def test_backpressure_no_drops_with_a_slow_consumer():
+    async def go():
+        async with make_manager(max_new_tokens=2) as mgr:
+            stream = GroupStream(maxsize=1)
+            got = []
+
+            async def consume():
+                async for g in stream:
+                    await asyncio.sleep(0.03)
+                    got.append(g.group_id)
+
+            c = asyncio.create_task(consume())
+            res = await mgr.rollout(prompts(15), stream, batch_size=15)
+            await stream.close()
+            await c
+            return res, got, stream
+
+    res, got, stream = asyncio.run(go())
+    assert res.delivered == 15 and len(got) == 15 == len(set(got)) and stream.max_depth <= 1
+
+
+def test_stream_refuses_a_second_delivery():
+    from rollout.dispatch import Group
+
+    async def go():
+        s = GroupStream(4)
+        assert await s.put(Group("g1", [1], []))
+        assert not await s.put(Group("g1", [1], []))
+        return s
+
+    assert asyncio.run(go()).duplicates == 1
+
+
+def test_bad_routed_payload_fails_only_that_sample():
+    async def go():
+        mgr = make_manager()
+        async with mgr:
+            orig = mgr.dispatcher._post
+
+            async def corrupt(slot, body):
+                status, out = await orig(slot, body)
+                if body["rid"].startswith("g0/0#"):
+                    out["meta_info"]["routed_experts"] = "AAAA"  # too short
+                return status, out
+
+            mgr.dispatcher._post = corrupt
+            stream = GroupStream(10)
+            res = await mgr.rollout(prompts(3), stream, batch_size=3)
+            await stream.close()
+            return res, [g async for g in stream]
+
+    res, got = asyncio.run(go())
+    assert res.delivered == 3
+    bad = [s for g in got for s in g.samples if s.status == "failed"]
+    assert len(bad) == 1 and bad[0].sample_id == "g0/0" and bad[0].error.startswith("routed experts:")
+    assert "\n" not in bad[0].error
+
+
+def test_weight_version_hook_gates_readmission():
+    calls = []
+
+    async def hook(engine, version):
+        calls.append((engine.name, version))
+
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(backend=backend, weight_sync_hook=hook) as mgr:
+            mgr.set_weight_version("v7")  # the stand-in keeps reporting "default"
+            mgr.engines["s-0"].kill()
+            for _ in range(100):
+                if any("given up" in w for _, _, w in mgr.events):
+                    break
+                await asyncio.sleep(0.05)
+            return mgr
+
+    mgr = asyncio.run(go())
+    assert calls and calls[0] == ("s-0", "v7")
+    fails = [w for _, _, w in mgr.events if "restart" in w and "failed" in w]
+    assert fails and "weight version 'default' != expected 'v7'" in fails[0]
+    assert "s-0" not in mgr.dispatcher.slots
