@@ -15,11 +15,15 @@ _registered = []  # names of fixes whose hooks this process registered
 def register() -> list:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_patches.registry import all_fixes, judge, sglang_version
+    from sglang_patches.registry import all_fixes, judge, sglang_version, version_refusal
 
     if _registered:
         return list(_registered)
     ver = sglang_version()
+    refusal = version_refusal(ver)
+    if refusal:
+        logger.error("slime-moe-rollout: no fixes applied: %s", refusal)
+        return []
     for fix in all_fixes():
         verdict = judge(fix, ver)
         if verdict.state == "active":
