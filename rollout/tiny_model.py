@@ -25,7 +25,7 @@ import shutil
 import tempfile
 
 VARIANTS = ("random", "always-match")
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 STAMP = "tiny_glm_build.json"
 
 HIDDEN = 96
@@ -35,7 +35,7 @@ FREE = slice(64, 96)
 N_EXPERTS = 16
 TOP_K = 4
 NUM_LAYERS = 3  # layer 0 dense; the MTP layer is stored as layer NUM_LAYERS
-VOCAB = 300
+VOCAB = 320  # a multiple of 64 * attn_tp: SGLang pads lm_head shards to 64 (see _gather_attn_tp_logits)
 EOS = "<|endoftext|>"
 SPECIALS = [EOS, "<|user|>", "<|assistant|>"]
 # Router inputs: chosen experts get these code values (distinct: the order is defined too).

@@ -59,7 +59,7 @@ def test_transformers_loads_every_weight(tiny_model):
 def test_router_topk_is_by_construction_with_margin(tiny_model):
     import torch
 
-    ids = list(range(3, 300, 7))
+    ids = list(range(3, 320, 7))
     hf = hf_router_topk(tiny_model, ids)
     for layer in range(1, NUM_LAYERS):
         assert hf[layer] == expected_experts(ids, layer)
