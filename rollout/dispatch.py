@@ -34,6 +34,7 @@ class Sample:
     engines: list = field(default_factory=list)   # engine of every attempt, in order
     attempts: int = 0
     resumes: int = 0               # partial-rollout continuations
+    max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens
     weight_versions: list = field(default_factory=list)
     t_submit: float = 0.0
     t_done: float = 0.0
@@ -144,7 +145,8 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
     def payload(self, sample: Sample, rid: str) -> dict:
         sp = dict(self.sampling)
-        sp["max_new_tokens"] = max(1, int(sp.get("max_new_tokens", 16)) - len(sample.response_ids))
+        budget = sample.max_new_tokens or int(sp.get("max_new_tokens", 16))
+        sp["max_new_tokens"] = max(1, budget - len(sample.response_ids))
         body = {"input_ids": sample.tokens, "sampling_params": sp, "return_logprob": True, "rid": rid}
         if self.routed_experts:
             body["return_routed_experts"] = True

@@ -1,0 +1,105 @@
+"""Manager throughput vs direct concurrent HTTP to the same engine.
+
+One real SGLang CPU engine (tiny GLM-4.5 MoE, routed experts on). The same prompts, sampling
+(`ignore_eos`, so both sides generate the same number of tokens), logprobs and routed experts,
+and the same concurrency go (a) straight to /generate with aiohttp and (b) through the manager
+(dispatch, R3 decode + validation + compaction, group assembly, streaming). Rounds alternate
+a/b so load drift on the shared machine hits both. Printed: tokens/s of each and the ratio.
+"""
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+async def direct(mgr, prompts, n, sampling, concurrency):
+    import aiohttp
+    eng = next(iter(mgr.engines.values()))
+    sem = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(p, i):
+        nonlocal tokens
+        async with sem:
+            body = {"input_ids": p, "sampling_params": sampling, "return_logprob": True,
+                    "return_routed_experts": True, "rid": f"direct-{time.monotonic_ns()}-{i}"}
+            async with mgr.session.post(eng.url + "/generate", json=body,
+                                        headers={"Authorization": f"Bearer {eng.api_key}"},
+                                        timeout=aiohttp.ClientTimeout(total=600)) as r:
+                out = await r.json()
+            tokens += len(out["meta_info"]["output_token_logprobs"])
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(p, i) for p in prompts for i in range(n)))
+    return tokens / (time.monotonic() - t0)
+
+
+async def managed(mgr, prompts):
+    from rollout.stream import GroupStream
+    stream = GroupStream(maxsize=len(prompts))
+    t0 = time.monotonic()
+    res = await mgr.rollout(prompts, stream, batch_size=len(prompts))
+    dt = time.monotonic() - t0
+    await stream.close()
+    groups = [g async for g in stream]
+    assert res.delivered == len(prompts)
+    assert all(s.routed_experts is not None for g in groups for s in g.samples)
+    return sum(len(s.response_ids) for g in groups for s in g.samples) / dt
+
+
+async def run(args):
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rollout import config as rconfig
+    from rollout.engine_launch import free_port
+    from rollout.lifecycle import LocalBackend
+    from rollout.manager import RolloutManager
+    from rollout.readiness import RichView
+    from rollout.run_cli import prompts_for
+
+    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
+    cfg.engine_groups[0].engines = 1
+    cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
+    for k in ("http_s", "server_up_s"):
+        setattr(cfg.rollout.budgets, k, 600.0)
+    model = rconfig.resolve_model(cfg, root=ROOT)
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        mgr = RolloutManager.from_config(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-tput-")), model,
+                                         ports=[free_port()], view=RichView(progress))
+        await mgr.start()
+    mgr.dispatcher.sampling["ignore_eos"] = True
+    sampling = dict(mgr.dispatcher.sampling)
+    n, conc = cfg.rollout.n_samples_per_prompt, cfg.rollout.concurrency_per_engine
+    rates = {"direct": [], "manager": []}
+    try:
+        for r in range(args.rounds):
+            prompts = prompts_for(300, args.groups, seed=100 + r)
+            rates["direct"].append(await direct(mgr, prompts, n, sampling, conc))
+            rates["manager"].append(await managed(mgr, prompts))
+    finally:
+        await mgr.stop()
+    d = sum(rates["direct"]) / args.rounds
+    m = sum(rates["manager"]) / args.rounds
+    print(f"manager throughput: 1 real SGLang CPU engine, {args.groups} groups x {n} samples x "
+          f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.rounds} rounds a/b")
+    print(f"  direct HTTP : {d:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['direct'])})")
+    print(f"  manager     : {m:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['manager'])})")
+    print(f"  manager / direct: {m / d:.2f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Readiness and death detection delay: phased readiness vs a 2 s polling loop, on the same engine start.
+
+One real SGLang CPU engine is started once; three watchers run side by side on that start:
+  reference : GET /ready every 0.05 s -> the moment the server status turned Up
+  ours      : rollout.readiness.wait_ready (0.2 s polls) -> /health_generate 200 seen, then admitted
+              (admission also needs the one-token probe on every DP rank)
+  2 s loop  : slime's wait: GET /health_generate every 2 s until 200
+Then the engine is killed with SIGKILL and both sides' death detection is timed: the health
+monitor's process check (0.25 s) vs the 2 s loop's liveness check. Printed: delays and ratios.
+"""
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+async def reference_up(session, eng, t0):
+    while True:
+        try:
+            async with session.get(eng.url + "/ready") as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except Exception:
+            pass
+        await asyncio.sleep(0.05)
+
+
+async def two_second_loop(session, eng, t0):
+    import aiohttp
+    while True:
+        if not eng.alive():
+            raise RuntimeError("engine died")
+        try:
+            async with session.get(eng.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except Exception:
+            pass
+        await asyncio.sleep(2.0)
+
+
+async def ours(session, eng, budgets, t0):
+    from rollout.readiness import PHASES, wait_ready
+    info = await wait_ready(eng, budgets, session)
+    t_admit = time.monotonic() - t0
+    labels = [p.label for p in PHASES]
+    t_health = t_admit - info.phase_s[labels[-1]]  # health_generate passed where the DP probe began
+    return t_health, t_admit
+
+
+async def death(eng):
+    """Kill -9, then time: a 0.25 s process check (our monitor) vs a check every 2 s (slime's loop)."""
+    from rollout.health import HealthMonitor
+    seen = {}
+    t_kill = None
+
+    async def on_dead(e, reason):
+        seen["ours"] = time.monotonic() - t_kill
+
+    async def probe(e):
+        pass
+
+    mon = HealthMonitor(probe, on_dead, interval_s=30, failures=3)
+    mon.watch(eng)
+    mon.start()
+
+    async def slow():
+        while eng.alive():
+            await asyncio.sleep(2.0)
+        seen["2 s loop"] = time.monotonic() - t_kill
+
+    slow_task = asyncio.create_task(slow())
+    await asyncio.sleep(random.uniform(0.0, 2.0))  # a random phase of the 2 s loop at the kill
+    t_kill = time.monotonic()
+    eng.kill(signal.SIGKILL)
+    await slow_task
+    while "ours" not in seen:
+        await asyncio.sleep(0.01)
+    await mon.stop()
+    return seen
+
+
+async def run(args):
+    import aiohttp
+
+    from rollout import config as rconfig
+    from rollout.engine_launch import free_port
+    from rollout.lifecycle import LocalBackend
+
+    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
+    cfg.engine_groups[0].engines = 1
+    for k in ("http_s", "server_up_s"):
+        setattr(cfg.rollout.budgets, k, 600.0)
+    model = rconfig.resolve_model(cfg, root=ROOT)
+    spec = rconfig.engine_specs(cfg, model, ports=[free_port()])[0]
+    rows = []
+    for r in range(args.rounds):
+        eng = LocalBackend(tempfile.mkdtemp(prefix="bench-ready-")).start(spec)
+        t0 = time.monotonic()
+        try:
+            async with aiohttp.ClientSession() as s:
+                up, slime, (health, admit) = await asyncio.gather(
+                    reference_up(s, eng, t0), two_second_loop(s, eng, t0), ours(s, eng, cfg.rollout.budgets, t0))
+            dead = await death(eng)
+        finally:
+            eng.stop()
+            assert eng.leftover_pids() == []
+        rows.append((up, health, admit, slime, dead["ours"], dead["2 s loop"]))
+        print(f"  round {r + 1}: Up at {up:.2f} s; ours saw /health_generate 200 at {health:.2f} s, admitted at "
+              f"{admit:.2f} s; 2 s loop at {slime:.2f} s; death seen after {dead['ours']:.2f} s vs "
+              f"{dead['2 s loop']:.2f} s", file=sys.stderr)
+    avg = [sum(x) / len(x) for x in zip(*rows)]
+    up, health, admit, slime, d_ours, d_slow = avg
+    print(f"readiness delay: 1 real SGLang CPU engine, {args.rounds} start(s), delays after the server turned Up "
+          f"({up:.1f} s after launch)")
+    print(f"  ours, /health_generate 200 seen : {health - up:6.2f} s")
+    print(f"  ours, admitted (+ DP-rank probes): {admit - up:6.2f} s")
+    print(f"  2 s polling loop                 : {slime - up:6.2f} s")
+    print(f"  2 s loop / ours (health seen)    : {(slime - up) / max(health - up, 1e-3):.1f}x")
+    print(f"  death detection: ours {d_ours:.2f} s vs 2 s loop {d_slow:.2f} s ({d_slow / max(d_ours, 1e-3):.1f}x)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=1)
+    asyncio.run(run(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

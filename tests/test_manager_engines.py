@@ -1,0 +1,238 @@
+"""The rollout manager against REAL SGLang CPU engines (tiny GLM-4.5 MoE, routed experts on).
+
+One engine is shared by the whole module (one real server at a time on this 2-core machine); the
+kill -9 test runs last because it restarts that engine. The two-engine variant (re-send to the
+healthy engine while the other restarts) is marked e2e.
+"""
+import asyncio
+import copy
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from rollout import config as rconfig
+from rollout.engine_launch import free_port
+from rollout.health import HealthMonitor, http_probe
+from rollout.lifecycle import EngineStartError, LocalBackend
+from rollout.manager import RolloutManager
+from rollout.readiness import ReadinessError, wait_ready
+from rollout.stream import GroupStream
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
+
+
+def _config(engines=1, max_new_tokens=8):
+    cfg = rconfig.load(CONFIG)
+    cfg.engine_groups[0].engines = engines
+    cfg.rollout.sampling.max_new_tokens = max_new_tokens
+    cfg.rollout.health.interval_s = 1.0
+    for k in ("http_s", "server_up_s"):  # a loaded 2-core machine starts engines slowly
+        setattr(cfg.rollout.budgets, k, 400.0)
+    return cfg
+
+
+def _prompts(n, length=12):
+    return [[(7 * i + j) % 290 + 5 for j in range(length)] for i in range(n)]
+
+
+async def _collect(mgr, prompts, batch_size=None):
+    stream = GroupStream(maxsize=64)
+    res = await mgr.rollout(prompts, stream, batch_size=batch_size)
+    await stream.close()
+    return res, [g async for g in stream]
+
+
+@pytest.fixture(scope="module")
+def loop():
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def mgr(loop, tmp_path_factory):
+    cfg = _config()
+    model = rconfig.resolve_model(cfg, root=ROOT)
+    m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path_factory.mktemp("logs"))), model,
+                                   ports=[free_port()])
+    loop.run_until_complete(m.start())
+    pids = {n: e.pid for n, e in m.engines.items()}
+    yield m
+    engines = list(m.engines.values())
+    loop.run_until_complete(m.stop())
+    for e in engines:
+        assert e.leftover_pids() == []
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_rollout_streams_groups_with_logprobs_and_routed_experts(loop, mgr):
+    res, groups = loop.run_until_complete(_collect(mgr, _prompts(4)))
+    assert res.delivered == 4 and len({g.group_id for g in groups}) == 4
+    cfg = mgr.specs["tiny-0"].group
+    assert cfg.routed_experts
+    for g in groups:
+        assert len(g.samples) == 2
+        for s in g.samples:
+            assert s.status in ("completed", "truncated"), s.error
+            assert len(s.logprobs) == len(s.response_ids) > 0
+            # compact R3: one row per token but the last, 2 MoE layers (1 dense dropped), top-4
+            assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 4)
+            assert s.engine == "tiny-0" and s.weight_versions == ["default"]
+
+
+def test_readiness_phases_pass_on_a_running_engine(loop, mgr):
+    eng = mgr.engines["tiny-0"]
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return await wait_ready(eng, mgr.budgets, s)
+
+    info = loop.run_until_complete(go())
+    assert info.dp_size == 1 and info.weight_version == "default"
+    assert "one-token probe on every DP rank" in info.phase_s
+
+
+def test_wrong_api_key_is_one_line_naming_the_cause(loop, mgr):
+    eng = copy.copy(mgr.engines["tiny-0"])
+    eng.spec = copy.copy(eng.spec)
+    eng.spec.api_key = "wrong-key"
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return await wait_ready(eng, mgr.budgets, s)
+
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError) as ei:
+        loop.run_until_complete(go())
+    assert "phase 'HTTP up'" in str(ei.value) and "API key rejected by the server (HTTP 401" in str(ei.value)
+    assert "\n" not in str(ei.value) and time.monotonic() - t0 < 5
+
+
+def test_port_already_taken_is_named(mgr, tmp_path):
+    spec = mgr.specs["tiny-0"]
+    with pytest.raises(EngineStartError, match=f"port {spec.port} on 127.0.0.1 is already taken"):
+        LocalBackend(str(tmp_path)).start(spec)
+
+
+def test_one_failed_probe_is_tolerated_n_in_a_row_kill(loop, mgr):
+    eng = mgr.engines["tiny-0"]
+    plan = [False, True, False, False, False]  # injected failures around real /health_generate probes
+    deaths = []
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            real = http_probe(s, 30)
+
+            async def probe(e):
+                if plan and not plan.pop(0):
+                    raise RuntimeError("injected failure")
+                await real(e)
+
+            async def on_dead(e, reason):
+                deaths.append(reason)
+
+            m = HealthMonitor(probe, on_dead, interval_s=0.1, failures=3, alive_poll_s=0.05)
+            m.watch(eng)
+            m.start()
+            for _ in range(300):
+                if deaths:
+                    break
+                await asyncio.sleep(0.1)
+            await m.stop()
+            return m
+
+    m = loop.run_until_complete(go())
+    oks = [ok for _, ok, _ in m.history]
+    assert oks[:2] == [False, True]  # one failure did not kill it; the real probe then passed
+    assert oks[2:5] == [False, False, False] and len(deaths) == 1
+    assert "3 consecutive health probes failed" in deaths[0]
+    assert eng.alive()  # the separate monitor only reports; the manager's engine is untouched
+
+
+def test_partial_rollout_aborts_and_continues_with_merged_routed_experts(loop, mgr):
+    mgr.dispatcher.sampling["max_new_tokens"] = 48
+    mgr.dispatcher.sampling["ignore_eos"] = True
+    groups = [mgr.new_group(p) for p in _prompts(4)]
+    for s in groups[0].samples:
+        s.max_new_tokens = 4  # group 0 finishes first; the others are stragglers when the batch (1) is full
+    mgr.carry = groups
+    try:
+        res1, got1 = loop.run_until_complete(_collect(mgr, [], batch_size=1))
+        carried = [(s.status, len(s.response_ids)) for g in mgr.carry for s in g.samples]
+        res2, got2 = loop.run_until_complete(_collect(mgr, [], batch_size=len(mgr.carry)))
+    finally:
+        mgr.dispatcher.sampling["max_new_tokens"] = 8
+        mgr.dispatcher.sampling.pop("ignore_eos")
+    assert res1.delivered == 1 and res1.carried == 3 and got1[0].group_id == groups[0].group_id
+    assert any(st == "aborted" and 0 < n < 48 for st, n in carried), carried
+    assert res2.delivered == 3
+    resumed = [s for g in got2 for s in g.samples if s.resumes]
+    assert resumed
+    for s in resumed:
+        assert len(s.response_ids) == 48 and s.status == "truncated"
+        assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 4)  # merged across the abort
+
+
+def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
+    old = mgr.engines["tiny-0"]
+    mgr.dispatcher.sampling["max_new_tokens"] = 24
+
+    async def go():
+        stream = GroupStream(maxsize=64)
+        task = asyncio.create_task(mgr.rollout(_prompts(4), stream, batch_size=4))
+        while not any(s.outstanding for s in mgr.dispatcher.slots.values()):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        t_kill = time.monotonic()
+        os.kill(old.pid, signal.SIGKILL)
+        while not any(w.startswith("dead") for _, _, w in mgr.events):
+            await asyncio.sleep(0.05)
+        seen_s = time.monotonic() - t_kill
+        res = await asyncio.wait_for(task, timeout=600)
+        await stream.close()
+        return res, [g async for g in stream], seen_s
+
+    try:
+        res, groups, seen_s = loop.run_until_complete(go())
+    finally:
+        mgr.dispatcher.sampling["max_new_tokens"] = 8
+    assert seen_s < 1.0
+    assert old.leftover_pids() == []  # the killed engine's scheduler/detokenizer are gone too
+    assert res.delivered == 4 and len({g.group_id for g in groups}) == 4 and res.resent >= 1
+    assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
+    new = mgr.engines["tiny-0"]
+    assert new is not old and new.alive() and any("re-admitted" in w for _, _, w in mgr.events)
+    assert any(len(s.engines) > 1 for g in groups for s in g.samples)  # re-sent after the kill
+    res2, _ = loop.run_until_complete(_collect(mgr, _prompts(2)))
+    assert res2.delivered == 2 and mgr.dispatcher.slots["tiny-0"].engine is new
+
+
+@pytest.mark.e2e
+def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
+    cfg = _config(engines=2, max_new_tokens=24)
+    model = rconfig.resolve_model(cfg, root=ROOT)
+
+    async def go():
+        m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path)), model, ports=[free_port(), free_port()])
+        async with m:
+            stream = GroupStream(maxsize=64)
+            task = asyncio.create_task(m.rollout(_prompts(8), stream, batch_size=8))
+            await asyncio.sleep(2.0)
+            victim = m.engines["tiny-1"]
+            os.kill(victim.pid, signal.SIGKILL)
+            res = await asyncio.wait_for(task, timeout=600)
+            await stream.close()
+            groups = [g async for g in stream]
+            while not any("re-admitted" in w for _, _, w in m.events):
+                await asyncio.sleep(0.5)
+            return res, groups, victim
+
+    res, groups, victim = asyncio.run(go())
+    assert res.delivered == 8 and len({g.group_id for g in groups}) == 8
+    assert victim.leftover_pids() == []

@@ -1,0 +1,88 @@
+"""`slime-moe-rollout run`: bad input -> exit 2 and one line; the full demo (2 real engines) is e2e."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rollout.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
+
+
+def _tiny():
+    with open(TINY) as fh:
+        return yaml.safe_load(fh)
+
+
+def _write(tmp_path, data, name="bad.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return str(p)
+
+
+def _run_bad(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_wrong_type(tmp_path, capsys):
+    d = _tiny()
+    d["engine_groups"][0]["tp"] = "two"
+    err = _run_bad(capsys, ["run", "--config", _write(tmp_path, d)])
+    assert "engine_groups[0].tp: expected an integer, got 'two'" in err
+
+
+def test_tp_not_divisible_by_dp(tmp_path, capsys):
+    d = _tiny()
+    g = d["engine_groups"][0]
+    g.update(tp=3, gpus_per_engine=3, dp=2, enable_dp_attention=True)
+    d["cluster"]["gpus_per_node"] = 8
+    err = _run_bad(capsys, ["run", "--config", _write(tmp_path, d)])
+    assert "tp 3 is not divisible by dp 2" in err
+
+
+def test_missing_model(tmp_path, capsys):
+    d = _tiny()
+    d["model"]["path"] = "/nonexistent/model"
+    del d["model"]["build"]
+    err = _run_bad(capsys, ["run", "--config", _write(tmp_path, d)])
+    assert "model.path: '/nonexistent/model' does not exist" in err
+
+
+def test_missing_field_and_invalid_yaml_and_missing_file(tmp_path, capsys):
+    d = _tiny()
+    del d["rollout"]["batch_size"]
+    assert "rollout.batch_size: missing required field" in _run_bad(capsys, ["run", "--config", _write(tmp_path, d)])
+    assert "invalid YAML" in _run_bad(capsys, ["run", "--config", _write(tmp_path, "a: [1, 2", "y.yaml")])
+    assert "cannot read" in _run_bad(capsys, ["run", "--config", str(tmp_path / "none.yaml")])
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert "expected a positive integer" in _run_bad(capsys, ["run", "--config", TINY, "--num-groups", "0"])
+    err = _run_bad(capsys, ["run", "--config", TINY, "--output", str(tmp_path / "no" / "x.jsonl")])
+    assert "--output: directory" in err
+
+
+@pytest.mark.e2e
+def test_demo_two_engines(tmp_path):
+    """Exactly what `make demo` runs, with the output in a temp dir."""
+    out = tmp_path / "rollouts.jsonl"
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    p = subprocess.run([cli, "run", "--config", TINY, "--num-groups", "4", "--output", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(lines) == 4 and len({ln["group_id"] for ln in lines}) == 4
+    engines = {s["engine"] for ln in lines for s in ln["samples"]}
+    assert engines == {"tiny-0", "tiny-1"}
+    for ln in lines:
+        for s in ln["samples"]:
+            assert s["routed_experts"]["shape"][1:] == [2, 4] and s["routed_experts"]["sha256"]
+    assert "groups delivered" in p.stderr and "4 / 4" in p.stderr
