@@ -393,3 +393,41 @@ def test_ops_match_sglang_triton_kernels_in_interpreter():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     checks = int(out.stdout.split("CHECKS")[-1])
     assert checks > 250, out.stdout
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_nextn_topk2_through_substitute_equals_transformers(tmp_path):
+    """Real SGLang, NEXTN top-k 2 (tree mask, accept compaction, KV moves) on intel_amx
+    attention served by the substitute: greedy tokens equal transformers' generate."""
+    import requests
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout.engine_launch import EngineOptions, launch
+    from rollout.tiny_model import build_tiny_glm
+
+    model = build_tiny_glm(variant="always-match")
+    spec = dict(algorithm="NEXTN", num_steps=2, eagle_topk=2, num_draft_tokens=4)
+    eng = launch(EngineOptions(model_path=model, speculative=spec, env={"SGL_KERNEL_CPU_TRACE": "1"}),
+                 str(tmp_path / "engine.log"))
+    try:
+        eng.wait_ready(400)
+        r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=300, json={
+            "text": "the quick brown fox", "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
+        r.raise_for_status()
+        got = r.json()
+    finally:
+        assert eng.stop() == []
+    log = eng.log_text()
+    for op in ("extend_attention_cpu", "decode_attention_cpu", "build_tree_kernel_efficient_cpu",
+               "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu", "build_draft_decode_metadata_cpu"):
+        assert f"first call of {op}" in log, op
+    assert got["meta_info"]["spec_accept_length"] > 2.0
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+    ids = tok("the quick brown fox", return_tensors="pt").input_ids
+    ref = hf.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert got["output_ids"] == ref
