@@ -1,9 +1,12 @@
 """Routed experts into a REAL megatron-core 0.16.1 TopKRouter on CPU (gloo, world size 1).
 
-Routing "captured" by one set of routers (stand-in for the engine) is encoded as SGLang's
-payload, decoded/validated/compacted, packed with slime's padding convention, and loaded with
-``RouterReplay.set_replay_data``; routers with different weights in ``REPLAY_FORWARD`` must then
-choose exactly the captured experts, token for token, while on their own they choose others.
+Two kinds of captured routing, in one packed microbatch shaped like the tiny GLM-4.5 (3 layers,
+layer 0 dense, 16 experts, top-4): (1) routing chosen by a second set of megatron routers with other
+weights (a stand-in engine) and encoded as SGLang's payload; (2) a payload saved from the REAL
+SGLang CPU engine (``test_routed_experts_real_payload.py``). Both are decoded/validated/compacted,
+packed with slime's padding convention and loaded with ``RouterReplay.set_replay_data``; the
+trainer's routers in ``REPLAY_FORWARD`` must choose exactly the captured experts, token for token,
+while on their own they choose others.
 
 CPU shims (megatron-core 0.16.1, test only; GPU trainers need none):
 - ``Router.gating`` moves CPU weights to ``torch.cuda.current_device()``: patched to return "cpu".
@@ -30,7 +33,8 @@ def test_megatron_router_replays_captured_experts():
     assert res["replay_equal_all_tokens"] is True
     assert res["replay_equals_captured"] is True
     assert res["own_choice_differs_tokens"] > 0, res
-    assert res["num_routers"] == 3 and res["packed_rows"] == 16
+    assert res["real_payload_replayed"] is True
+    assert res["num_routers"] == 2 and res["packed_rows"] == 36
 
 
 def _worker():
@@ -40,6 +44,9 @@ def _worker():
     import torch
 
     from rollout.routed_experts import MoELayout, encode_sglang, load_replay, sample_routed_experts
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_routed_experts_real_payload import CAPTURED
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -56,7 +63,9 @@ def _worker():
         parallel_state.initialize_model_parallel(1, 1)
         if not hasattr(moe_utils, "te_general_gemm"):
             moe_utils.te_general_gemm = None  # shim 2 (see module docstring)
-        lay = MoELayout.from_first_k_dense(4, 1, 16, 4)
+        lay = MoELayout.from_hf_config(CAPTURED["hf_config"])
+        real = CAPTURED["full"]
+        real_tokens = len(real["input_ids"] + real["output_ids"])
         hidden = 32
 
         def routers(seed, replay):
@@ -75,19 +84,22 @@ def _worker():
             engine = routers(seed=1, replay=False)   # stand-in for the rollout engine's routers
             trainer = routers(seed=2, replay=True)   # the trainer's routers, different weights
             assert len(RouterReplay.global_router_replay_instances) == len(trainer)
-            token_lengths = [7, 5]
+            token_lengths = [7, 5, real_tokens]
             samples = [torch.randn(t, 1, hidden, generator=torch.Generator().manual_seed(10 + i))
                        for i, t in enumerate(token_lengths)]
             compacts = []
             with torch.no_grad():
-                for h, t in zip(samples, token_lengths):
+                for h, t in zip(samples[:2], token_lengths):
                     full = np.zeros((t - 1, lay.num_hidden_layers, lay.topk), np.int32)  # dense layer 0 = zeros
                     for j, layer in enumerate(lay.moe_layers):
                         full[:, layer] = top_ids(engine[j](h[:-1])[1]).numpy()  # last token: no routing
                     comp, reason = sample_routed_experts({"routed_experts": encode_sglang(full)}, t, lay)
                     assert reason is None, reason
                     compacts.append(comp)
-                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=8)
+                comp, reason = sample_routed_experts(real["meta_info"], real_tokens, lay)
+                assert reason is None, reason
+                compacts.append(comp)
+                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=12)
                 n = per_layer[0].shape[0]
                 packed = torch.zeros(n, 1, hidden)
                 packed[: sum(token_lengths)] = torch.cat(samples)  # slime thd packing, then padding rows
@@ -97,13 +109,19 @@ def _worker():
                 own = [r(packed)[1] for r in trainer]
                 captured = [engine[j](packed)[1] for j in range(len(engine))]
         expected = [torch.zeros(n, lay.num_experts, dtype=torch.bool).scatter(1, p, True) for p in per_layer]
-        # rows with captured routing: sample 0 -> 0..5 (6 = its last token, padded), sample 1 -> 7..10
-        real_rows = torch.tensor([*range(0, 6), *range(7, 11)])
+        starts = np.cumsum([0] + token_lengths)
+        stand_in_rows = torch.tensor([*range(starts[0], starts[1] - 1), *range(starts[1], starts[2] - 1)])
+        real_rows = torch.arange(starts[2], starts[3] - 1)  # each sample's last token is a padding row
+        real_sets = [torch.zeros(real_tokens - 1, lay.num_experts, dtype=torch.bool).scatter(
+            1, torch.from_numpy(comp[:, j]).long(), True) for j in range(lay.num_moe_layers)]
         res = {
             "num_routers": len(trainer), "packed_rows": n,
             "replay_equal_all_tokens": all(torch.equal(a, b) for a, b in zip(replayed, expected)),
-            "replay_equals_captured": all(torch.equal(a[real_rows], c[real_rows]) for a, c in zip(replayed, captured)),
-            "own_choice_differs_tokens": int(sum((a[real_rows] != c[real_rows]).any(1).sum() for a, c in zip(own, captured))),
+            "replay_equals_captured": all(torch.equal(a[stand_in_rows], c[stand_in_rows])
+                                          for a, c in zip(replayed, captured)),
+            "real_payload_replayed": all(torch.equal(a[real_rows], b) for a, b in zip(replayed, real_sets)),
+            "own_choice_differs_tokens": int(sum((a[stand_in_rows] != c[stand_in_rows]).any(1).sum()
+                                                 for a, c in zip(own, captured))),
         }
         print(json.dumps(res))
     finally:

@@ -1,0 +1,86 @@
+"""Routed experts: slime's decode path vs ours (decode + validate + compact), GLM-4.5 shape.
+
+(a) slime: ``pybase64.b64decode(s)`` -> ``torch.frombuffer(int32)`` -> reshape ``[T-1, 92, 8]``.
+(b) ours:  ``decode_compact`` (strict base64, row count, dense-zero, id range, duplicate checks,
+    MoE layers only as uint8 ``[T-1, 89, 8]``).
+Runs alternate a, b, a, b, ...; the ratio is the median of b/a over pairs. Synthetic payload.
+Targets: time b/a <= 1.0, memory held for the trainer >= 4x smaller (712 B/token).
+"""
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pybase64  # noqa: E402
+import torch  # noqa: E402
+from rich.progress import track  # noqa: E402
+
+from rollout.routed_experts import MoELayout, bytes_per_token, decode_compact, encode_sglang  # noqa: E402
+from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
+
+GLM45 = {"num_hidden_layers": 92, "n_routed_experts": 160, "num_experts_per_tok": 8, "first_k_dense_replace": 3}
+
+
+def slime_path(s, layout):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frombuffer on read-only bytes warns
+        return torch.frombuffer(pybase64.b64decode(s), dtype=torch.int32).reshape(-1, layout.num_hidden_layers,
+                                                                                  layout.topk)
+
+
+def strict_decode_only(s, layout):
+    return np.frombuffer(pybase64.b64decode(s, validate=True), dtype=np.int32)
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=32768, help="sample length (default 32768)")
+    p.add_argument("--runs", type=int, default=9, help="alternating (a, b) pairs (default 9)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    if args.tokens < 2 or args.runs < 1:
+        p.error("--tokens must be >= 2 and --runs >= 1")
+
+    layout = MoELayout.from_hf_config(GLM45)
+    T = args.tokens
+    payload = encode_sglang(synthetic_full(T - 1, layout, seed=0))
+    print(f"GLM-4.5 shape: {layout.num_hidden_layers} layers ({len(layout.dense_layers)} dense), "
+          f"{layout.num_experts} experts, top-{layout.topk}; one {T}-token sample, base64 {len(payload) / 1e6:.1f} MB")
+
+    ta, tb, tc, ratios = [], [], [], []
+    for _ in track(range(args.runs), description="alternating runs"):
+        a, held_a = timed(slime_path, payload, layout)
+        b, held_b = timed(decode_compact, payload, layout, T)
+        c, _ = timed(strict_decode_only, payload, layout)
+        ta.append(a), tb.append(b), tc.append(c), ratios.append(b / a)
+    assert torch.equal(held_a[:, list(layout.moe_layers)], torch.from_numpy(held_b).int())
+
+    ratio = statistics.median(ratios)
+    bpt_a = held_a.numel() * held_a.element_size() / (T - 1)
+    bpt_b = held_b.nbytes / (T - 1)
+    assert bpt_b == bytes_per_token(layout, True)
+    med = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
+    print(f"(a) slime: b64decode -> int32 [T-1, 92, 8]                   median {med(ta):7.1f} ms")
+    print(f"(b) ours:  strict decode + validate + compact uint8 [T-1, 89, 8] median {med(tb):7.1f} ms")
+    print(f"(c) reference: strict b64decode(validate=True) alone, no checks   median {med(tc):7.1f} ms"
+          f"  (b/c {statistics.median(b / c for b, c in zip(tb, tc)):.2f})")
+    print(f"time ratio b/a (median of {args.runs} pairs): {ratio:.2f}   target <= 1.0: {'PASS' if ratio <= 1.0 else 'MISS'}")
+    print(f"bytes per token held for the trainer: slime {bpt_a:.0f}, ours {bpt_b:.0f} -> {bpt_a / bpt_b:.2f}x smaller"
+          f"   target >= 4x: {'PASS' if bpt_a / bpt_b >= 4 else 'MISS'}")
+    missed = ratio > 1.0 or bpt_a / bpt_b < 4
+    return 1 if (missed and args.strict) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
