@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 async def reference_up(session, eng, t0):
     while True:
         try:
-            async with session.get(eng.url + "/ready") as r:
+            async with session.get(eng.url + "/ready", headers={"Authorization": f"Bearer {eng.api_key}"}) as r:
                 if r.status == 200:
                     return time.monotonic() - t0
         except Exception:
@@ -38,7 +38,8 @@ async def two_second_loop(session, eng, t0):
         if not eng.alive():
             raise RuntimeError("engine died")
         try:
-            async with session.get(eng.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=30)) as r:
+            async with session.get(eng.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=30),
+                                   headers={"Authorization": f"Bearer {eng.api_key}"}) as r:
                 if r.status == 200:
                     return time.monotonic() - t0
         except Exception:

@@ -106,10 +106,10 @@ async def _guard(engine, coro, deadline: float):
             task.cancel()
 
 
-async def _get(session, engine, path, deadline, auth=True):
+async def _get(session, engine, path, deadline):
+    """GET with the API key (every call carries it, even where SGLang does not ask for it)."""
     timeout = aiohttp.ClientTimeout(total=max(0.1, deadline - time.monotonic()))
-    async with session.get(engine.url + path, headers=auth_headers(engine.api_key) if auth else {},
-                           timeout=timeout) as r:
+    async with session.get(engine.url + path, headers=auth_headers(engine.api_key), timeout=timeout) as r:
         body = await r.read()
         return r.status, body
 
@@ -199,7 +199,7 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
             return True, "ok"
         return False, f"HTTP {status} on /model_info"
     if key == "server_up":
-        status, _ = await _get(session, engine, "/ready", deadline, auth=False)
+        status, _ = await _get(session, engine, "/ready", deadline)
         if status != 200:
             return False, f"HTTP {status} on /ready (server status not Up)"
         status, body = await _get(session, engine, "/server_info", deadline)
@@ -215,7 +215,7 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
                 pass
         return True, "ok"
     if key == "health_generate":
-        status, _ = await _get(session, engine, "/health_generate", deadline, auth=False)
+        status, _ = await _get(session, engine, "/health_generate", deadline)
         return status == 200, f"HTTP {status} on /health_generate"
     if key == "dp_probe":
         ranks = list(range(info.dp_size)) if info.dp_size > 1 else [None]

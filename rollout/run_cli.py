@@ -99,7 +99,7 @@ async def _run(cfg, model_path: str, n: int, args, log_dir: str) -> int:
     mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress))
     stream = GroupStream(maxsize=max(4, n))
     prompts = prompts_for(_vocab(cfg, model_path), n, args.seed)
-    records = {"samples": 0, "failed": 0, "tokens": 0}
+    records = {"samples": 0, "failed": 0, "tokens": 0, "per_engine": {}}
     t0 = time.monotonic()
     with progress:
         try:
@@ -123,6 +123,8 @@ async def _run(cfg, model_path: str, n: int, args, log_dir: str) -> int:
                             records["samples"] += 1
                             records["failed"] += s["status"] == "failed"
                             records["tokens"] += s["response_len"]
+                            per = records["per_engine"]
+                            per[s["engine"]] = per.get(s["engine"], 0) + 1
                         progress.advance(bar)
 
                 consumer = asyncio.create_task(consume())
@@ -139,9 +141,7 @@ def _summary(console, mgr, result, records, n, t_ready, wall, output) -> None:
     from rich.table import Table
 
     t = Table(title="rollout summary", show_header=False)
-    per = {}
-    for s in (mgr.dispatcher.slots.values() if mgr.dispatcher else []):
-        per[s.engine.name] = s.served
+    per = records["per_engine"]
     rows = [
         ("groups delivered", f"{result.delivered} / {n}"),
         ("samples", f"{records['samples']} ({records['failed']} failed)"),
@@ -150,8 +150,9 @@ def _summary(console, mgr, result, records, n, t_ready, wall, output) -> None:
         ("first group after", f"{result.first_group_s:.2f} s of rollout" if result.first_group_s else "-"),
         ("rollout time", f"{result.wall_s:.2f} s ({records['tokens'] / max(result.wall_s, 1e-9):.1f} tokens/s)"),
         ("re-sent requests", str(result.resent)),
-        ("requests per engine", ", ".join(f"{k}: {v}" for k, v in sorted(per.items())) or "-"),
-        ("engine events", str(sum(1 for _, _, w in mgr.events if w.startswith(("dead", "restart"))))),
+        ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(per.items())) or "-"),
+        ("engine deaths / restarts", f"{sum(w.startswith('dead') for _, _, w in mgr.events)} / "
+                                     f"{sum('re-admitted' in w for _, _, w in mgr.events)}"),
         ("total time", f"{wall:.1f} s"),
         ("output", output),
     ]

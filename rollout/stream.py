@@ -13,19 +13,34 @@ from typing import AsyncIterator, Iterator
 _END = "__end_of_rollout__"
 
 
-class GroupStream:
-    def __init__(self, maxsize: int = 64):
-        self._q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
-        self.delivered: set[str] = set()
-        self.duplicates = 0
-        self.max_depth = 0
+class _Once:
+    """Exactly-once gate: a group passes only if neither its id nor any of its sample ids passed before."""
 
-    async def put(self, group) -> bool:
-        """Queue a finished group; False (and not queued) if its id was already delivered."""
-        if group.group_id in self.delivered:
+    def __init__(self):
+        self.delivered: set[str] = set()
+        self.samples: set[str] = set()
+        self.duplicates = 0
+
+    def admit(self, group) -> bool:
+        ids = [s.sample_id for s in group.samples]
+        if group.group_id in self.delivered or len(set(ids)) != len(ids) or self.samples.intersection(ids):
             self.duplicates += 1
             return False
         self.delivered.add(group.group_id)
+        self.samples.update(ids)
+        return True
+
+
+class GroupStream(_Once):
+    def __init__(self, maxsize: int = 64):
+        super().__init__()
+        self._q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
+        self.max_depth = 0
+
+    async def put(self, group) -> bool:
+        """Queue a finished group (waits while full); False, not queued, if it was delivered before."""
+        if not self.admit(group):
+            return False
         await self._q.put(group)
         self.max_depth = max(self.max_depth, self._q.qsize())
         return True
@@ -44,21 +59,19 @@ class GroupStream:
             yield item
 
 
-class RayGroupQueue:
-    """Producer side of a bounded Ray queue actor. Items are plain dicts (see `to_record`)."""
+class RayGroupQueue(_Once):
+    """Producer side of a bounded Ray queue actor; `encode` turns a group into what is sent
+    (e.g. `rollout.manager.group_record`)."""
 
     def __init__(self, maxsize: int = 64, queue=None, encode=None):
+        super().__init__()
         from ray.util.queue import Queue
         self.queue = queue if queue is not None else Queue(maxsize=maxsize)
         self.encode = encode or (lambda g: g)
-        self.delivered: set[str] = set()
-        self.duplicates = 0
 
     async def put(self, group) -> bool:
-        if group.group_id in self.delivered:
-            self.duplicates += 1
+        if not self.admit(group):
             return False
-        self.delivered.add(group.group_id)
         await self.queue.put_async(self.encode(group), block=True)  # waits while the queue is full
         return True
 
