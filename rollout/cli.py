@@ -3,6 +3,8 @@ import argparse
 import importlib
 import sys
 
+from rollout.errors import CliError  # noqa: F401 - re-exported for sub-command modules
+
 # (command, module exposing add_parser(subparsers)) - each module owns its sub-command.
 COMMANDS = [
     ("patches", "sglang_patches.cli"),
@@ -11,9 +13,6 @@ COMMANDS = [
     ("engine", "rollout.engine_cli"),
 ]
 
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

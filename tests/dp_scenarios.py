@@ -64,8 +64,46 @@ def _registry_fill(fb, *, padded_bs, padded_num_tokens):
                   padded_num_tokens=padded_num_tokens)
 
 
-def _capture_rows(*, dp_rank, dp_size, global_num_tokens, graph_extent, stock_arg, can_run_graph=True):
-    """Run SGLang's on_forward_end for this DP rank; return the gathered rows it stored."""
+class _Recorder:
+    """Stands in for the expert-distribution recorder: no recording."""
+
+    def with_forward_pass(self, *a, **kw):
+        from contextlib import nullcontext
+
+        return nullcontext({})
+
+
+def _model_runner_forward(fb, *, cap, graph_extent, can_run_graph, decode_bs):
+    """SGLang's ModelRunner.forward on a runner whose _forward_raw is a graph replay (or eager)
+    that fills the batch through SGLang's buffer registry, as load_batch does."""
+    import sglang.srt.model_executor.model_runner as mr
+
+    def forward_raw(forward_batch, *a, **kw):
+        if graph_extent is not None:
+            _registry_fill(forward_batch, padded_bs=graph_extent, padded_num_tokens=graph_extent)
+        return mr.ModelRunnerOutput(logits_output=None, can_run_graph=can_run_graph)
+
+    runner_cls = type("RunnerShell", (mr.ModelRunner,), {"__init__": lambda self: None})
+    runner = runner_cls()
+    runner.forward_pass_id, runner.msprobe_debugger, runner.canary_manager = 0, None, None
+    runner.is_draft_worker, runner.enable_elastic_ep, runner.eplb_manager = False, False, None
+    runner.decode_cuda_graph_runner = SimpleNamespace(bs=decode_bs) if decode_bs else SimpleNamespace()
+    runner._forward_raw = forward_raw
+    with ExitStack() as stack:
+        for name, value in {
+            "get_global_expert_distribution_recorder": lambda: _Recorder(),
+            "get_global_experts_capturer": lambda: cap,
+            "get_global_indexer_capturer": lambda: None,
+            "get_schedule": lambda: SimpleNamespace(disable_overlap_schedule=True),
+            "get_exec": lambda: SimpleNamespace(moe=SimpleNamespace(elastic_ep_backend=None)),
+            "build_step_span_name": lambda *a, **kw: "step",
+        }.items():
+            stack.enter_context(mock.patch.object(mr, name, value))
+        mr.ModelRunner.forward(runner, fb)
+
+
+def _capture_rows(*, dp_rank, dp_size, global_num_tokens, graph_extent, decode_bs, can_run_graph=True):
+    """One forward on this DP rank; return the gathered rows routed-expert capture stored."""
     import torch
 
     local = global_num_tokens[dp_rank]
@@ -73,14 +111,14 @@ def _capture_rows(*, dp_rank, dp_size, global_num_tokens, graph_extent, stock_ar
         global_num_tokens_cpu=list(global_num_tokens),
         out_cache_loc=torch.arange(100, 100 + local),
         out_cache_loc_virtual=None,
+        apply_deprecated_skip_attn_backend_init=lambda value: None,
+        forward_mode=None,
     )
     with ExitStack() as stack:
         _dp_context(stack, dp_rank=dp_rank, dp_size=dp_size)
         cap = _capturer(rows=dp_size * max(graph_extent or 0, sum(global_num_tokens)) + 8)
-        if graph_extent is not None:
-            _registry_fill(fb, padded_bs=graph_extent, padded_num_tokens=graph_extent)
-        cap.on_forward_end(forward_batch=fb, can_run_graph=can_run_graph,
-                           cuda_graph_batch=stock_arg, no_copy_to_cpu=False)
+        _model_runner_forward(fb, cap=cap, graph_extent=graph_extent, can_run_graph=can_run_graph,
+                              decode_bs=decode_bs)
     return cap.host_cache.buffer[100 : 100 + local, 0, 0].tolist()
 
 
@@ -91,30 +129,30 @@ def _expect(got, want):
 @scenario
 def capturer_extent_verify_graph():
     # EAGLE verify on the decode graph, k=4: rank 0 has 1 request, rank 1 has 2; graph bs 2.
-    # Gathered stride is bs*k = 8 tokens; SGLang passes the decode runner's bs (2).
-    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[4, 8], graph_extent=8, stock_arg=2)
+    # The gathered stride is bs*k = 8 tokens; stock SGLang passes the decode runner's bs (2).
+    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[4, 8], graph_extent=8, decode_bs=2)
     return _expect(got, list(range(8, 16)))
 
 
 @scenario
 def capturer_extent_prefill_graph_first():
-    # Prefill-graph replay before any decode replay: SGLang passes None (no `bs` yet).
-    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[16, 16], graph_extent=16, stock_arg=None)
+    # Prefill-graph replay before any decode replay: the decode runner has no `bs` yet (None).
+    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[16, 16], graph_extent=16, decode_bs=None)
     return _expect(got, list(range(16, 32)))
 
 
 @scenario
 def capturer_extent_prefill_graph_stale_bs():
-    # Prefill-graph replay after decode replays: SGLang passes the last decode bs (4).
-    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[16, 16], graph_extent=16, stock_arg=4)
+    # Prefill-graph replay after decode replays: the decode runner's `bs` is stale (4).
+    got = _capture_rows(dp_rank=1, dp_size=2, global_num_tokens=[16, 16], graph_extent=16, decode_bs=4)
     return _expect(got, list(range(16, 32)))
 
 
 @scenario
 def capturer_extent_eager_prefix_sum():
-    # Eager forward (guard): prefix-sum layout, whatever the caller passes.
+    # Eager forward (guard): prefix-sum layout, whatever the decode runner last held.
     got = _capture_rows(dp_rank=2, dp_size=3, global_num_tokens=[4, 6, 5], graph_extent=None,
-                        stock_arg=7, can_run_graph=False)
+                        decode_bs=7, can_run_graph=False)
     return _expect(got, list(range(10, 15)))
 
 
@@ -365,7 +403,9 @@ def main(state: str) -> None:
     from sglang_patches import plugin
 
     results = run_all()
-    results["_meta"] = {"state": state, "registered": list(plugin._registered)}
+    import sglang
+
+    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
     print("DP_SCENARIOS_JSON " + json.dumps(results))
 
 
