@@ -10,6 +10,7 @@ import argparse
 import statistics
 import sys
 import time
+import tracemalloc
 import warnings
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def timed(fn, *args):
     t0 = time.perf_counter()
     out = fn(*args)
     return time.perf_counter() - t0, out
+
+
+def peak_alloc(fn, *args):
+    """Peak bytes allocated while ``fn`` runs (tracemalloc sees Python and numpy buffers)."""
+    tracemalloc.start()
+    try:
+        fn(*args)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def main(argv=None):
@@ -78,6 +89,8 @@ def main(argv=None):
     print(f"time ratio b/a (median of {args.runs} pairs): {ratio:.2f}   target <= 1.0: {'PASS' if ratio <= 1.0 else 'MISS'}")
     print(f"bytes per token held for the trainer: slime {bpt_a:.0f}, ours {bpt_b:.0f} -> {bpt_a / bpt_b:.2f}x smaller"
           f"   target >= 4x: {'PASS' if bpt_a / bpt_b >= 4 else 'MISS'}")
+    pa, pb = peak_alloc(slime_path, payload, layout), peak_alloc(decode_compact, payload, layout, T)
+    print(f"peak transient allocation while decoding: slime {pa / 2**20:.1f} MiB, ours {pb / 2**20:.1f} MiB")
     missed = ratio > 1.0 or bpt_a / bpt_b < 4
     return 1 if (missed and args.strict) else 0
 

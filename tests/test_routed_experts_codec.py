@@ -23,6 +23,10 @@ def test_layout_from_hf_glm45():
 def test_layout_from_layer_freq_and_errors():
     lay = MoELayout.from_layer_freq([0] * 3 + [1] * 89, 160, 8)
     assert lay == MoELayout.from_first_k_dense(92, 3, 160, 8)
+    assert MoELayout.from_layer_freq("[0]*3+[1]*89", 160, 8) == lay
+    assert MoELayout.from_layer_freq("[0, 1,1]", 8, 2).moe_layers == (1, 2)
+    with pytest.raises(RoutedExpertsError, match="cannot read moe_layer_freq"):
+        MoELayout.from_layer_freq("__import__('os')", 8, 2)
     holes = MoELayout.from_layer_freq(2, 300, 4, num_hidden_layers=6)
     assert holes.moe_layers == (0, 2, 4) and holes.moe_slice is None and holes.compact_dtype == np.int16
     with pytest.raises(RoutedExpertsError, match="lacks 'num_experts_per_tok'"):

@@ -1,7 +1,10 @@
 """Routed experts: every corrupt payload fails with its own one-line reason; the rollout goes on."""
+import random
+
 import numpy as np
 import pytest
 
+from rollout.routed_experts import validate
 from rollout.routed_experts import MoELayout, RoutedExpertsError, decode_compact, encode_sglang, sample_routed_experts
 from rollout.routed_experts.synthetic import synthetic_full
 
@@ -95,3 +98,33 @@ def test_draft_layer_overwrites_target_layer_with_foreign_ids():
     full[:, 3] = [[9, 12]]  # ids of a 16-expert draft model land in layer 3
     comp, reason = sample_routed_experts({"routed_experts": encode_sglang(full)}, 6, lay)
     assert comp is None and reason == "expert id 9 >= num_experts=8 at token 0, layer 3"
+
+
+@pytest.mark.parametrize("payload,reason", [
+    ([[1, 2], [3]], "list is ragged"), ("\u00e9" * 8, "non-ASCII"), (3.5, "unsupported type float"),
+    (np.zeros(4, np.float32), "array has dtype float32"),
+])
+def test_odd_inputs(payload, reason):
+    with pytest.raises(RoutedExpertsError, match=reason):
+        decode_compact(payload, LAY, TOKENS)
+    assert sample_routed_experts("not a dict", TOKENS, LAY) == (None, "meta_info is a str, expected a dict")
+
+
+def test_mutated_base64_only_ever_gives_a_reason(monkeypatch):
+    """Random edits of a good payload (also across block boundaries): a value or a one-line reason."""
+    monkeypatch.setattr(validate, "BLOCK_BYTES", 6 * 4 * 4 * 3)  # 3-row blocks
+    s, rnd = encode_sglang(GOOD), random.Random(0)
+    alphabet = "AQgw/+=!\n\u00e9"
+    for _ in range(300):
+        t = list(s)
+        for _ in range(rnd.randint(1, 3)):
+            pos, op = rnd.randrange(len(t)), rnd.random()
+            if op < 0.5:
+                t[pos] = rnd.choice(alphabet)
+            elif op < 0.75:
+                del t[pos]
+            else:
+                t.insert(pos, rnd.choice(alphabet))
+        comp, reason = sample_routed_experts({"routed_experts": "".join(t)}, TOKENS, LAY)
+        assert (comp is None) != (reason is None)
+        assert reason is None or "\n" not in reason

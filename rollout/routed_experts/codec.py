@@ -24,6 +24,8 @@ INT32 = np.dtype("<i4")
 
 def b64_decoded_size(s: str) -> int:
     """Bytes a strict base64 string decodes to, from its length and padding alone."""
+    if not s.isascii():
+        raise RoutedExpertsError("routed_experts is not valid base64 (non-ASCII characters)")
     if len(s) % 4:
         raise RoutedExpertsError(f"routed_experts is not valid base64 (length {len(s)} is not a multiple of 4)")
     return len(s) // 4 * 3 - (len(s) >= 1 and s[-1] == "=") - (len(s) >= 2 and s[-2] == "=")
@@ -49,7 +51,10 @@ def decode_int32(payload) -> np.ndarray:
             raise RoutedExpertsError(f"routed_experts array has dtype {arr.dtype}, expected integers")
         return _to_int32(arr.reshape(-1))
     elif isinstance(payload, (list, tuple)):
-        arr = np.asarray(payload) if len(payload) else np.zeros(0, INT32)
+        try:
+            arr = np.asarray(payload) if len(payload) else np.zeros(0, INT32)
+        except ValueError:
+            raise RoutedExpertsError("routed_experts list is ragged (rows of different lengths)") from None
         if arr.dtype.kind not in "iu":
             raise RoutedExpertsError(f"routed_experts list holds {arr.dtype} values, expected integers")
         return _to_int32(arr.reshape(-1))

@@ -5,6 +5,7 @@
 ``moe_layers`` (sorted indices of the layers that route, in model order),
 ``num_experts`` and ``topk``.
 """
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -40,13 +41,18 @@ class MoELayout:
 
     @classmethod
     def from_layer_freq(cls, moe_layer_freq, num_experts, topk, num_hidden_layers=None):
-        """megatron's ``moe_layer_freq``: a 0/1 list (1 = MoE layer), or an int N (every N-th layer)."""
+        """megatron's ``moe_layer_freq``: a 0/1 list (1 = MoE layer), its CLI string form
+        (``"[0]*3+[1]*89"``, ``"[0,1,1]"``), or an int N (every N-th layer)."""
+        if isinstance(moe_layer_freq, str):
+            moe_layer_freq = _parse_freq(moe_layer_freq)
         if isinstance(moe_layer_freq, int):
             if num_hidden_layers is None:
                 raise RoutedExpertsError("an int moe_layer_freq needs num_hidden_layers")
             flags = [int(i % moe_layer_freq == 0) for i in range(num_hidden_layers)]
         else:
             flags = [int(f) for f in moe_layer_freq]
+            if set(flags) - {0, 1}:
+                raise RoutedExpertsError(f"moe_layer_freq entries must be 0 or 1, got {sorted(set(flags))}")
             if num_hidden_layers is not None and len(flags) != num_hidden_layers:
                 raise RoutedExpertsError(f"moe_layer_freq has {len(flags)} entries, model has {num_hidden_layers} layers")
         return cls(len(flags), tuple(i for i, f in enumerate(flags) if f), num_experts, topk)
@@ -94,3 +100,20 @@ class MoELayout:
         """megatron-style ``moe_layer_freq`` list (1 = MoE layer)."""
         moe = set(self.moe_layers)
         return [int(i in moe) for i in range(self.num_hidden_layers)]
+
+
+_FREQ_TERM = re.compile(r"^\[([01](?:,[01])*)\](?:\*(\d+))?$")
+
+
+def _parse_freq(text: str):
+    """megatron's ``--moe-layer-freq`` string without eval: an int, or ``[..]*n`` terms joined by ``+``."""
+    t = text.replace(" ", "")
+    if t.isdigit():
+        return int(t)
+    flags = []
+    for term in t.split("+"):
+        m = _FREQ_TERM.match(term)
+        if not m:
+            raise RoutedExpertsError(f"cannot read moe_layer_freq {text!r} (expected e.g. [0]*3+[1]*89)")
+        flags += [int(x) for x in m.group(1).split(",")] * int(m.group(2) or 1)
+    return flags

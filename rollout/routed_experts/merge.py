@@ -4,6 +4,8 @@ A continued request sends ``routed_experts_start_len = S`` (SGLang: "response co
 ``[S, seqlen - 1)``"); its payload holds rows ``[S, len(tokens) - 1)``, and rows ``[0, S)`` come
 from the segment already held.
 """
+from collections.abc import Mapping
+
 import numpy as np
 
 from .errors import RoutedExpertsError
@@ -34,6 +36,8 @@ def sample_routed_experts(meta_info: dict, num_tokens: int, layout: MoELayout, h
     Returns ``(compact, None)`` or ``(None, one_line_reason)``; on a reason, mark the sample failed.
     """
     try:
+        if not isinstance(meta_info, Mapping):
+            raise RoutedExpertsError(f"meta_info is a {type(meta_info).__name__}, expected a dict")
         if start_len is None:
             start_len = meta_info.get("routed_experts_start_len", 0) or 0
         new = decode_compact(meta_info.get("routed_experts"), layout, num_tokens, start_len)
