@@ -33,8 +33,11 @@ def record_extent(self, forward_batch, *args, **kwargs):
 
 def use_executed_extent(original, *args, **kwargs):
     """AROUND on_forward_end: replace the decode runner's `bs` with the executed extent."""
-    bound = bind(original, *args, **kwargs)
-    a = bound.arguments
+    if len(args) == 1 and "can_run_graph" in kwargs:  # ModelRunner.forward's keyword call
+        a = kwargs
+    else:
+        bound = bind(original, *args, **kwargs)
+        args, a = bound.args[:1], dict(list(bound.arguments.items())[1:])
     if a["can_run_graph"]:
         extent = getattr(a["forward_batch"], EXTENT_ATTR, None)
         if extent is not None:
@@ -43,7 +46,7 @@ def use_executed_extent(original, *args, **kwargs):
         # graph runner); keep SGLang's own value for it.
     else:
         a["cuda_graph_batch"] = None
-    return original(*bound.args, **bound.kwargs)
+    return original(*args, **a)
 
 
 def needed(server_args: dict) -> bool:

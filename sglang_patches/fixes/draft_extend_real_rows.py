@@ -20,19 +20,23 @@ from ._args import server_flag
 TARGET = "sglang.srt.layers.attention.graph_utils.padded_extend_real_tokens"
 
 
+def _in_prefill_graph_scope() -> bool:
+    from sglang.srt.model_executor.runner_utils import prefill_graph
+
+    return prefill_graph.is_in_prefill_graph_scope()
+
+
 def draft_extend_real_rows(original, q, forward_batch):
     real = original(q, forward_batch)
     if real is not None or not forward_batch.forward_mode.is_draft_extend_v2():
         return real
-    from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_graph_scope
-
     real = forward_batch.global_num_token_non_padded_cpu
     if (
         forward_batch.global_num_tokens_padded_cpu is None  # no MLP-sync padding
-        or is_in_prefill_graph_scope()  # a graph replay plans its own rows
         or real is None
         or forward_batch.forward_metadata_planned_num_tokens != real  # plan covers padded rows
         or not 0 < real < q.shape[0]
+        or _in_prefill_graph_scope()  # a graph replay plans its own rows
     ):
         return None
     return real

@@ -1,0 +1,114 @@
+"""Per-call cost of each hooked SGLang function with and without our hook, side by side.
+
+Loads the plugin through SGLang's own `load_plugins()`, then times every hooked target twice
+on the same inputs: the hooked function and the original it wraps (`__wrapped__`), in
+alternating rounds. Prints microseconds per call and the ratio hooked / original.
+
+    .venv/bin/python benchmarks/hook_overhead.py [--rounds 7] [--calls 2000]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def per_call(fn, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def cases():
+    """(name, hooked_call, original_call) on representative inputs; the simulated context is
+    the one the regression scenarios use."""
+    from contextlib import ExitStack
+
+    import torch
+
+    import dp_scenarios as sc
+    from sglang.srt.layers.attention import graph_utils
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import CudaGraphBufferRegistry
+    from sglang.srt.state_capturer.base import BaseTopkCapturer
+
+    out = []
+    reg = CudaGraphBufferRegistry(device=torch.device("cpu"), max_bs=64, max_num_tokens=256)
+    fb = SimpleNamespace()
+    kw = dict(raw_bs=2, padded_bs=2, raw_num_tokens=8, padded_num_tokens=8)
+    fill = CudaGraphBufferRegistry.fill_from
+    out.append(("CudaGraphBufferRegistry.fill_from", lambda: fill(reg, fb, **kw),
+                lambda: fill.__wrapped__(reg, fb, **kw)))
+
+    stack = ExitStack()
+    sc._dp_context(stack, dp_rank=1, dp_size=2)
+    cap = sc._capturer(rows=64)
+    efb = SimpleNamespace(global_num_tokens_cpu=[4, 8], out_cache_loc=torch.arange(100, 108),
+                          out_cache_loc_virtual=None)
+    sc._registry_fill(efb, padded_bs=8, padded_num_tokens=8)
+    end = BaseTopkCapturer.on_forward_end
+    args = dict(forward_batch=efb, can_run_graph=True, cuda_graph_batch=8, no_copy_to_cpu=True)
+    out.append(("BaseTopkCapturer.on_forward_end", lambda: end(cap, **args),
+                lambda: end.__wrapped__(cap, **args)))
+
+    q = torch.empty(8, 2, 4)
+    dfb = sc._draft_extend_batch(real=4, padded=8, planned=4)
+    pert = graph_utils.padded_extend_real_tokens
+    out.append(("padded_extend_real_tokens", lambda: pert(q, dfb), lambda: pert.__wrapped__(q, dfb)))
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    prep = ForwardBatch.prepare_mlp_sync_batch
+
+    def run_prepare(fn):
+        with mock.patch.object(ForwardBatch, "prepare_mlp_sync_batch", fn):
+            sc._prepare(bs=1, k=3, attn_tp=8)
+
+    out.append(("ForwardBatch.prepare_mlp_sync_batch (+ batch setup)", lambda: run_prepare(prep),
+                lambda: run_prepare(prep.__wrapped__)))
+
+    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer
+
+    init = RoutedExpertsCapturer.__init__
+
+    def build(fn):
+        with mock.patch.object(RoutedExpertsCapturer, "__init__", fn):
+            sc._build_capturer(cps=256, mrr=64, num_dp=2, attn_tp=2)
+
+    out.append(("RoutedExpertsCapturer.__init__ (start-up, + setup)", lambda: build(init),
+                lambda: build(init.__wrapped__)))
+    return out, stack
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=2000)
+    args = ap.parse_args()
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang_patches import plugin
+
+    if not plugin._registered:
+        sys.exit("error: the plugin registered no hooks (is SGLANG_PLUGINS excluding it?)")
+    rows, stack = cases()
+    print(f"{'hooked target':<52} {'orig us':>9} {'hooked us':>10} {'ratio':>7}")
+    with stack:
+        for name, hooked, orig in rows:
+            calls = args.calls if "setup" not in name else max(20, args.calls // 50)
+            a, b = [], []
+            for _ in range(args.rounds):  # alternate to share the machine's noise
+                a.append(per_call(orig, calls))
+                b.append(per_call(hooked, calls))
+            o, h = statistics.median(a), statistics.median(b)
+            print(f"{name:<52} {o:9.2f} {h:10.2f} {h / o:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
