@@ -13,6 +13,7 @@ CPU_FIX_MODULES = (
     "torch_native_fill",
     "ep_native_moe",
     "gloo_varsize_collectives",
+    "gloo_stacked_allgather",
     "thread_binding",
 )
 
