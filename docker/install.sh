@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install slime-moe-rollout into an image's (or any environment's) Python, then check that every
+# SGLang fix is active for the installed SGLang. Used by docker/Dockerfile and by CI on CPU.
+#
+#   docker/install.sh [--src DIR] [--python PY] [--allow-refused] [--dry-run]
+#
+#   --src DIR         source tree to install (default: the repository holding this script)
+#   --python PY       interpreter of the target environment (default: python3)
+#   --allow-refused   print the fix status but do not fail when a fix is refused
+#   --dry-run         print the commands instead of running them
+#
+# torch and SGLang are never installed or changed: they come from the base image. A base whose SGLang
+# is not reviewed (slime's image pins 0.5.15.post1) makes `patches status` refuse, and this script fail.
+set -euo pipefail
+
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="python3"
+ALLOW_REFUSED=0
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --src) SRC="$2"; shift 2 ;;
+    --python) PY="$2"; shift 2 ;;
+    --allow-refused) ALLOW_REFUSED=1; shift ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+run() {
+  echo "+ $*"
+  if [ "$DRY" = 0 ]; then "$@"; fi
+}
+
+[ -f "$SRC/pyproject.toml" ] || { echo "install.sh: $SRC has no pyproject.toml" >&2; exit 2; }
+command -v "$PY" >/dev/null 2>&1 || { echo "install.sh: python not found: $PY" >&2; exit 2; }
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || { echo "install.sh: slime-moe-rollout needs Python >= 3.11 ($PY is $("$PY" -V 2>&1))" >&2; exit 2; }
+SGLANG_VERSION="$("$PY" -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || echo none)"
+echo "install.sh: python $("$PY" -c 'import platform; print(platform.python_version())'), sglang $SGLANG_VERSION"
+
+# Light dependencies only (pyproject lists no torch/sglang); already-satisfied pins of the image stay.
+run "$PY" -m pip install --no-cache-dir --no-build-isolation "$SRC"
+
+# The gate: every fix for this SGLang must be active (or already upstream / idle on this platform).
+if [ "$ALLOW_REFUSED" = 1 ]; then
+  run "$PY" -m rollout.cli patches status || echo "install.sh: fixes not active (allowed by --allow-refused)"
+else
+  run "$PY" -m rollout.cli patches status
+fi
+echo "install.sh: done"

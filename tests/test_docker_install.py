@@ -1,0 +1,85 @@
+"""docker/install.sh (the image's install step) runs here: dry-run, bad input, and a real install into a
+throw-away venv that sees the project venv's packages read-only (torch/SGLang are the "base image")."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "docker", "install.sh")
+DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
+
+
+def _run(*args, timeout=120, **kw):
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def test_dry_run_prints_the_steps():
+    r = _run("--dry-run", "--python", sys.executable)
+    assert r.returncode == 0, r.stderr
+    assert "+ " + sys.executable + " -m pip install --no-cache-dir --no-build-isolation " + ROOT in r.stdout
+    assert "-m rollout.cli patches status" in r.stdout
+    assert re.search(r"sglang \S+", r.stdout)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bogus"], "unknown option --bogus"),
+    (["--src", "/nonexistent"], "has no pyproject.toml"),
+    (["--python", "/nonexistent/python"], "python not found"),
+])
+def test_bad_input_exits_2(args, needle):
+    r = _run(*args)
+    assert r.returncode == 2 and needle in r.stderr, (r.stdout, r.stderr)
+
+
+def test_dockerfile_shape():
+    text = open(DOCKERFILE).read()
+    assert re.search(r"^ARG BASE_IMAGE=slimerl/slime$", text, re.M)
+    assert re.search(r"^ARG BASE_TAG=", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}:\$\{BASE_TAG\}$", text, re.M)
+    assert "docker/install.sh" in text and "REQUIRE_FIXES" in text
+    assert "0.5.15.post1" in text and "0.5.23" in text
+
+
+def test_hadolint_if_available():
+    exe = shutil.which("hadolint")
+    if exe is None:
+        pytest.skip("hadolint is not installed here")
+    r = subprocess.run([exe, "--failure-threshold", "warning", DOCKERFILE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_real_install_in_a_temporary_venv(tmp_path):
+    # the source tree, as the Dockerfile COPYs it
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("sglang_patches", "rollout", "training_configs"):
+        shutil.copytree(os.path.join(ROOT, name), src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md", "docker/install.sh"):
+        os.makedirs(src / os.path.dirname(name), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), src / name)
+    # the "base image": a fresh venv that reads the project venv's packages (pip, setuptools, torch, SGLang)
+    # read-only. pip installs into the fresh venv only; it refuses to uninstall anything outside it.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    base_site = sysconfig.get_paths()["purelib"]
+    with open(os.path.join(site, "zz_base_image.pth"), "w") as fh:
+        fh.write(f"import site; site.addsitedir({base_site!r})\n")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    before = sorted(os.listdir(base_site))
+    r = _run("--src", str(src), "--python", str(py), env=env, timeout=300, cwd=tmp_path)
+    assert sorted(os.listdir(base_site)) == before, "the project venv was modified"
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "install.sh: done" in r.stdout
+    # installed as a package (not the checkout), with the SGLang plugin entry point
+    where = subprocess.run([str(py), "-c", "import rollout, importlib.metadata as m; print(rollout.__file__); "
+                            "print([e.name for e in m.entry_points(group='sglang.srt.plugins')])"],
+                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert str(venv) in where.splitlines()[0] and "slime_moe_rollout" in where
