@@ -31,9 +31,9 @@ import inspect
 import itertools
 import os
 import threading
-from typing import Any, Optional
 
-from rollout.slime_types import RolloutFnEvalOutput, RolloutFnTrainOutput, Sample
+from rollout.dispatch import Dispatcher
+from rollout.slime_types import RolloutFnTrainOutput, Sample
 
 CONFIG_ENV = "SLIME_MOE_ROLLOUT_CONFIG"   # optional YAML (training_configs schema) for model facts
 _STATE: dict = {}
@@ -102,7 +102,6 @@ async def _attach_router(args, layout):
     """A RolloutManager with one admitted 'engine': slime's router (which balances over its workers)."""
     import aiohttp
 
-    from rollout.dispatch import Dispatcher
     from rollout.manager import RolloutManager
     from training_configs.schema import HealthConfig, ReadinessBudgets
 
@@ -126,7 +125,6 @@ async def _attach_router(args, layout):
     mgr.dispatcher = _RouterDispatcher(mgr.session, mgr.sampling, capacity,
                                        routed_experts=decode is not None, decode_routed=decode)
     await mgr.dispatcher.admit(_Endpoint("slime-router", url, getattr(args, "sglang_api_key", None)))
-    assert isinstance(mgr.dispatcher, Dispatcher)
     return mgr
 
 
@@ -135,36 +133,27 @@ class _Endpoint:
         self.name, self.url, self.api_key = name, url, api_key
 
 
-def _router_dispatcher_cls():
-    from rollout.dispatch import Dispatcher
+class _RouterDispatcher(Dispatcher):
+    """Aborts stragglers on every worker behind the router (the router itself has no /abort_request)."""
 
-    class RouterDispatcher(Dispatcher):
-        """Aborts stragglers on every worker behind the router (the router has no /abort_request)."""
-
-        async def abort(self, rids_prefix=None):
-            import aiohttp
-            for slot in list(self.slots.values()):
+    async def abort(self, rids_prefix=None):
+        import aiohttp
+        for slot in list(self.slots.values()):
+            try:
+                async with self.session.get(slot.engine.url + "/workers",
+                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    body = await r.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                continue
+            items = body.get("workers", body) if isinstance(body, dict) else body
+            urls = [w.get("url") if isinstance(w, dict) else w for w in (items or [])]
+            for u in filter(None, urls):
                 try:
-                    async with self.session.get(slot.engine.url + "/workers",
-                                                timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        body = await r.json(content_type=None)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-                    continue
-                items = body.get("workers", body) if isinstance(body, dict) else body
-                urls = [w.get("url") if isinstance(w, dict) else w for w in (items or [])]
-                for u in filter(None, urls):
-                    try:
-                        async with self.session.post(u + "/abort_request", json={"abort_all": True},
-                                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
-                            await r.read()
-                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                        pass
-
-    return RouterDispatcher
-
-
-def _RouterDispatcher(*a, **kw):
-    return _router_dispatcher_cls()(*a, **kw)
+                    async with self.session.post(u + "/abort_request", json={"abort_all": True},
+                                                 timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass
 
 
 def _ensure(args):

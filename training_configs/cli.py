@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     c.add_argument("file")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--no-sglang", action="store_true",
-                   help="derive with our copy of SGLang 0.5.23's rules instead of importing SGLang")
+                   help="derive with our copy of SGLang 0.5.23's rules (fix states still come from the installed SGLang)")
     c.add_argument("--require-fixes", action="store_true",
                    help="exit 1 when a fix the config needs is not active in this environment")
     c.set_defaults(func=_check)
