@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -69,10 +70,12 @@ def main(args) -> int:
         raise CliError(f"--output: directory {out_dir} does not exist")
     n = args.num_groups or cfg.rollout.batch_size
     log_dir = args.log_dir or os.path.abspath(args.output) + ".logs"
-    try:
-        return asyncio.run(_run(cfg, model_path, n, args, log_dir))
-    except KeyboardInterrupt:
-        raise
+
+    def _term(signum, frame):  # SIGTERM: unwind like Ctrl-C, so the engines are stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    return asyncio.run(_run(cfg, model_path, n, args, log_dir))
 
 
 def _backend(kind: str, log_dir: str, cfg):

@@ -63,16 +63,23 @@ class RayGroupQueue(_Once):
     """Producer side of a bounded Ray queue actor; `encode` turns a group into what is sent
     (e.g. `rollout.manager.group_record`)."""
 
-    def __init__(self, maxsize: int = 64, queue=None, encode=None):
+    def __init__(self, maxsize: int = 64, queue=None, encode=None, timeout_s: float | None = None):
         super().__init__()
         from ray.util.queue import Queue
         self.queue = queue if queue is not None else Queue(maxsize=maxsize)
         self.encode = encode or (lambda g: g)
+        self.timeout_s = timeout_s  # None: wait as long as the trainer needs (backpressure)
 
     async def put(self, group) -> bool:
+        from ray.util.queue import Full
         if not self.admit(group):
             return False
-        await self.queue.put_async(self.encode(group), block=True)  # waits while the queue is full
+        try:  # waits while the queue is full
+            await self.queue.put_async(self.encode(group), block=True, timeout=self.timeout_s)
+        except Full:
+            self.delivered.discard(group.group_id)  # not delivered: may be put again
+            self.samples.difference_update(s.sample_id for s in group.samples)
+            raise RuntimeError(f"trainer queue stayed full for {self.timeout_s:g} s (consumer stalled?)") from None
         return True
 
     async def close(self) -> None:
@@ -80,15 +87,22 @@ class RayGroupQueue(_Once):
 
 
 class RayGroupReader:
-    """Trainer side: iterate over the groups of a `RayGroupQueue` (blocking), until the producer closes."""
+    """Trainer side, in any process of the cluster: iterate over the groups of a `RayGroupQueue`
+    until the producer closes. `queue`: a `ray.util.queue.Queue`, its actor handle, or the actor's
+    name (`namespace` then applies)."""
 
-    def __init__(self, queue, timeout_s: float | None = None):
-        self.queue, self.timeout_s = queue, timeout_s
+    def __init__(self, queue, timeout_s: float | None = None, namespace: str | None = None):
+        import ray
+        if isinstance(queue, str):
+            queue = ray.get_actor(queue, namespace=namespace)
+        self.actor = getattr(queue, "actor", queue)
+        self.timeout_s = timeout_s
         self.seen: set[str] = set()
 
     def __iter__(self) -> Iterator:
+        import ray
         while True:
-            item = self.queue.get(block=True, timeout=self.timeout_s)
+            item = ray.get(self.actor.get.remote(self.timeout_s))
             if isinstance(item, str) and item == _END:
                 return
             gid = item["group_id"] if isinstance(item, dict) else item.group_id

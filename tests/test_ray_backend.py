@@ -24,9 +24,8 @@ READER = r"""
 import json, sys, time, ray
 from rollout.stream import RayGroupReader
 ray.init(address=sys.argv[1], namespace="rollout-test", log_to_driver=False)
-q = ray.get_actor("groups")
 time.sleep(1.0)  # a slow trainer: the producer must wait, not drop
-ids = [rec["group_id"] for rec in RayGroupReader(q, timeout_s=300)]
+ids = [rec["group_id"] for rec in RayGroupReader("groups", timeout_s=300, namespace="rollout-test")]
 print(json.dumps(ids))
 """
 
@@ -61,7 +60,7 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
             q = Queue(maxsize=1, actor_options={"name": "groups", "num_cpus": 0})
             reader = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", READER, ray.get_runtime_context().gcs_address, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            sink = RayGroupQueue(queue=q, encode=group_record)
+            sink = RayGroupQueue(queue=q, encode=group_record, timeout_s=120)
             res = await mgr.rollout([[5 + i, 6, 7, 8, 9] for i in range(3)], sink, batch_size=3)
             await sink.close()
             out, _ = await asyncio.wait_for(reader.communicate(), 300)

@@ -86,3 +86,27 @@ def test_demo_two_engines(tmp_path):
         for s in ln["samples"]:
             assert s["routed_experts"]["shape"][1:] == [2, 4] and s["routed_experts"]["sha256"]
     assert "groups delivered" in p.stderr and "4 / 4" in p.stderr
+
+
+@pytest.mark.slow
+def test_engine_exit_during_startup_real_sglang(tmp_path):
+    """A real SGLang launcher that exits during start-up (unknown server flag): the log tail, then one
+    error line naming the engine, the phase, its budget and the exit; exit 1; nothing left running."""
+    d = _tiny()
+    d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
+    d["engine_groups"][0]["engines"] = 1
+    d["engine_groups"][0]["extra_sglang_args"]["no_such_flag"] = 1
+    d["rollout"]["base_port"] = 31980
+    cfg = _write(tmp_path, d, "exit.yaml")
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    p = subprocess.run([cli, "run", "--config", cfg, "--output", str(tmp_path / "r.jsonl")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: engine tiny-0: phase 'HTTP up' failed (budget 120 s): process exited with code 2")
+    assert "unrecognized arguments: --no-such-flag 1" in last
+    assert "  | " in p.stderr  # the log tail is shown above the error line
+    log = (tmp_path / "r.jsonl.logs" / "tiny-0.log").read_text()
+    assert "no-such-flag" in log
+    out = subprocess.run(["pgrep", "-f", "--", "--no-such-flag"], capture_output=True, text=True)
+    assert out.stdout.strip() == ""
