@@ -98,6 +98,17 @@ def sampling_from_args(args) -> dict:
             "max_new_tokens": getattr(args, "rollout_max_response_len", 1024)}
 
 
+def router_url(args) -> str:
+    """slime's router: --sglang-router-ip/port, or (slime 0.3.x) args.sglang_model_routers {name: (ip, port)}."""
+    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    if not (ip and port):
+        routers = getattr(args, "sglang_model_routers", None) or {}
+        if not routers:
+            raise ValueError("no slime router address: neither --sglang-router-ip/port nor args.sglang_model_routers")
+        ip, port = routers.get("default") or next(iter(routers.values()))
+    return f"http://{ip}:{port}"
+
+
 async def _attach_router(args, layout):
     """A RolloutManager with one admitted 'engine': slime's router (which balances over its workers)."""
     import aiohttp
@@ -105,7 +116,7 @@ async def _attach_router(args, layout):
     from rollout.manager import RolloutManager
     from training_configs.schema import HealthConfig, ReadinessBudgets
 
-    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    url = router_url(args)
     engines = max(1, int(getattr(args, "rollout_num_gpus", 1) or 1)
                   // max(1, int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)))
     capacity = int(getattr(args, "sglang_server_concurrency", 512)) * engines

@@ -72,3 +72,16 @@ def test_evaluation_is_refused_with_a_reason():
     import pytest
     with pytest.raises(NotImplementedError, match="eval-function-path"):
         slime_adapter.generate_rollout(object(), 0, None, evaluation=True)
+
+
+def test_router_address_from_either_slime_convention():
+    from types import SimpleNamespace
+
+    import pytest
+    assert slime_adapter.router_url(SimpleNamespace(sglang_router_ip="10.0.0.1", sglang_router_port=3001)) \
+        == "http://10.0.0.1:3001"
+    assert slime_adapter.router_url(SimpleNamespace(sglang_router_ip=None, sglang_router_port=None,
+                                                    sglang_model_routers={"default": ("10.0.0.2", 3002)})) \
+        == "http://10.0.0.2:3002"
+    with pytest.raises(ValueError, match="no slime router address"):
+        slime_adapter.router_url(SimpleNamespace())
