@@ -1,0 +1,51 @@
+"""Configuration (c), the seed shape in miniature, on real SGLang CPU (`make test-e2e`).
+
+DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, NEXTN (2 steps, top-k 1,
+3 draft tokens: 3 does not divide attn_tp 2) and routed experts, on the always-match model.
+Every DP rank is pinned in turn (`routed_dp_rank`) and compared with transformers.
+"""
+import pytest
+from conftest import generate, hf_greedy
+from test_engine_single import check_routed, prompts
+
+from rollout.engine_launch import preset
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+DP_RANKS = (0, 1)
+
+
+@pytest.fixture
+def engine_c(engine_pool, tiny_match_model):
+    return engine_pool.get("c", preset("c", tiny_match_model))
+
+
+def test_c_shape_and_plugin(engine_c):
+    import requests
+
+    info = requests.get(engine_c.url + "/server_info", headers=engine_c.headers(), timeout=60).json()
+    assert info["tp_size"] == 4 and info["enable_dp_attention"] and info["ep_size"] == 4
+    assert info["moe_dense_tp_size"] == 1 and info["enable_dp_lm_head"] and info["speculative_num_draft_tokens"] == 3
+    fixes = set(engine_c.active_fixes())
+    assert {"cpu-gloo-stacked-allgather", "cpu-ep-native-moe", "verify-padding-lcm"} <= fixes
+
+
+@pytest.mark.parametrize("dp_rank", DP_RANKS)
+def test_c_every_dp_rank_matches_transformers(engine_c, tiny_match_model, dp_rank):
+    for ids in prompts(tiny_match_model):
+        out = generate(engine_c, ids, 9, routed_dp_rank=dp_rank)
+        assert out["meta_info"].get("dp_rank") == dp_rank
+        assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+        assert out["meta_info"]["spec_accept_length"] >= 2.5
+        check_routed(tiny_match_model, ids, out)
+
+
+def test_c_concurrent_requests_on_both_ranks(engine_c, tiny_match_model):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = prompts(tiny_match_model)
+    with ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(lambda i: generate(engine_c, ids[i % 2], 6, routed_dp_rank=i // 2), range(4)))
+    for i, out in enumerate(outs):
+        assert out["output_ids"] == hf_greedy(tiny_match_model, ids[i % 2], 6)
+        check_routed(tiny_match_model, ids[i % 2], out)
