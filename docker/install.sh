@@ -40,8 +40,18 @@ command -v "$PY" >/dev/null 2>&1 || { echo "install.sh: python not found: $PY" >
 SGLANG_VERSION="$("$PY" -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || echo none)"
 echo "install.sh: python $("$PY" -c 'import platform; print(platform.python_version())'), sglang $SGLANG_VERSION"
 
+# Build with the image's own setuptools when it can build a wheel (>= 70.1, or older plus `wheel`);
+# otherwise let pip fetch a build backend (needs an index).
+BUILD_FLAGS=(--no-build-isolation)
+"$PY" - <<'PYEOF' || BUILD_FLAGS=()
+import importlib.util, sys
+import setuptools
+v = tuple(int(x) for x in setuptools.__version__.split(".")[:2])
+sys.exit(0 if v >= (70, 1) or (v >= (64, 0) and importlib.util.find_spec("wheel")) else 1)
+PYEOF
+
 # Light dependencies only (pyproject lists no torch/sglang); already-satisfied pins of the image stay.
-run "$PY" -m pip install --no-cache-dir --no-build-isolation "$SRC"
+run "$PY" -m pip install --no-cache-dir "${BUILD_FLAGS[@]}" "$SRC"
 
 # The gate: every fix for this SGLang must be active (or already upstream / idle on this platform).
 if [ "$ALLOW_REFUSED" = 1 ]; then
