@@ -7,15 +7,12 @@ scenarios are in tests/test_manager_engines.py.
 import asyncio
 import socket
 import threading
-import time
 
 import numpy as np
 import pybase64
-import pytest
 from aiohttp import web
 
 from rollout.config import EngineSpec
-from rollout.dispatch import Dispatcher
 from rollout.manager import RolloutManager, group_record, routed_decoder
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets

@@ -7,7 +7,6 @@ checks against real SGLang engines are in tests/test_manager_engines.py.
 """
 import asyncio
 import json
-import os
 import socket
 import sys
 import time
