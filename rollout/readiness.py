@@ -10,6 +10,7 @@ the phase, its budget and the cause, with the last lines of the engine's log att
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -174,6 +175,19 @@ async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
     return info
 
 
+async def _read_dp_size(session, engine, info: ReadyInfo, deadline) -> None:
+    """DP size from /server_info (a scheduler round trip, so not on the path to /health_generate)."""
+    status, body = await _get(session, engine, "/server_info", deadline)
+    if status in (401, 403):
+        raise _Fatal(f"API key rejected by the server (HTTP {status} on /server_info)")
+    if status == 200:
+        try:
+            srv = json.loads(body)
+            info.dp_size = int(srv.get("dp_size") or 1) if srv.get("enable_dp_attention") else 1
+        except (ValueError, TypeError):
+            pass
+
+
 class _Fatal(Exception):
     """A phase answer that waiting will not fix (e.g. the API key is rejected)."""
 
@@ -192,7 +206,6 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
             raise _Fatal(f"API key rejected by the server (HTTP {status} on /model_info)")
         if status == 200:
             try:
-                import json
                 info.weight_version = json.loads(body).get("weight_version")
             except ValueError:
                 pass
@@ -200,25 +213,13 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
         return False, f"HTTP {status} on /model_info"
     if key == "server_up":
         status, _ = await _get(session, engine, "/ready", deadline)
-        if status != 200:
-            return False, f"HTTP {status} on /ready (server status not Up)"
-        status, body = await _get(session, engine, "/server_info", deadline)
-        if status in (401, 403):
-            raise _Fatal(f"API key rejected by the server (HTTP {status} on /server_info)")
-        if status == 200:
-            import json
-            try:
-                srv = json.loads(body)
-                dp = int(srv.get("dp_size") or 1) if srv.get("enable_dp_attention") else 1
-                info.dp_size = dp
-            except (ValueError, TypeError):
-                pass
-        return True, "ok"
+        return status == 200, f"HTTP {status} on /ready (server status not Up)"
     if key == "health_generate":
         status, _ = await _get(session, engine, "/health_generate", deadline)
         return status == 200, f"HTTP {status} on /health_generate"
     if key == "dp_probe":
-        ranks = list(range(info.dp_size)) if info.dp_size > 1 else [None]
+        await _read_dp_size(session, engine, info, deadline)
+        ranks = list(range(info.dp_size))
         left = max(0.5, deadline - time.monotonic())
         results = await asyncio.gather(*(probe_dp_rank(session, engine, r, left) for r in ranks),
                                        return_exceptions=True)
