@@ -229,7 +229,19 @@ class EngineProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        return [p.pid for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        self._kill_session_leftovers()
+        return [p.pid for p in left if _running(p)]
+
+    def _kill_session_leftovers(self) -> None:
+        """Anything still in the launcher's own session (re-parented helpers) is ours: kill it."""
+        import psutil
+
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid != os.getpid() and os.getsid(p.pid) == self.pid:
+                    p.kill()
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                pass
 
     def memory(self) -> dict:
         """RSS in bytes per process of the tree: {pid: (name, rss)}."""
@@ -325,3 +337,12 @@ def preset(name: str, model_path: str, **overrides) -> EngineOptions:
     else:
         raise ValueError(f"unknown engine configuration {name!r} (choose from {', '.join(PRESETS)})")
     return replace(opts, **overrides)
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
