@@ -18,12 +18,19 @@ $pip install -q --no-deps "$(grep '^sglang==' requirements/cpu-lock.txt)" 2>&1 |
 grep -v -e '^#' -e '^sglang==' -e '^$' requirements/cpu-lock.txt > .venv/lock-rest.txt
 $pip install -q -c requirements/constraints.txt -r .venv/lock-rest.txt 2>&1 | grep -v -e "^WARNING: Location" -e "sglang 0.5.23 requires" -e "dependency conflicts" || true
 $pip install -q --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+# CPU-only torch: install the interpreter hook (sgl_kernel substitute, torchvision ops) first.
 .venv/bin/python - <<'PY'
-import torch, sglang, importlib.metadata as md
-assert torch.__version__.startswith("2.13.0") and torch.version.cuda is None, torch.__version__
+import torch
+if torch.version.cuda is None:
+    from sglang_patches.cpu import env
+    print("setup: CPU hook at", env.install())
+PY
+.venv/bin/python - <<'PY'
+import importlib.metadata as md
+import torch
+import sglang  # noqa: F401 - must import cleanly
+assert torch.__version__.startswith("2.13.0"), torch.__version__
 assert md.version("sglang") == "0.5.23"
-from sglang_patches.cpu import env
-print("setup: CPU hook at", env.install())
 PY
 echo "$stamp" > .venv/.stamp
 echo "setup: .venv ready"
