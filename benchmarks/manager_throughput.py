@@ -41,7 +41,7 @@ async def direct(mgr, prompts, n, sampling, concurrency):
 
 async def managed(mgr, prompts):
     from rollout.stream import GroupStream
-    stream = GroupStream(maxsize=len(prompts))
+    stream = GroupStream(maxsize=len(prompts) + 1)  # + the end marker: read after the rollout
     t0 = time.monotonic()
     res = await mgr.rollout(prompts, stream, batch_size=len(prompts))
     dt = time.monotonic() - t0

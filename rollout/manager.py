@@ -237,7 +237,8 @@ class RolloutManager:
                     if res.delivered >= batch_size and not full.is_set():
                         full.set()
                         self.dispatcher.draining = True
-                        await self.dispatcher.abort()
+                        if any(s.outstanding for s in self.dispatcher.slots.values()):
+                            await self.dispatcher.abort()  # stragglers return with their tokens so far
             finally:
                 gate.release()
 
