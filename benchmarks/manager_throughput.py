@@ -3,8 +3,8 @@
 One real SGLang CPU engine (tiny GLM-4.5 MoE, routed experts on). The same prompts, sampling
 (`ignore_eos`, so both sides generate the same number of tokens), logprobs and routed experts,
 and the same concurrency go (a) straight to /generate with aiohttp and (b) through the manager
-(dispatch, R3 decode + validation + compaction, group assembly, streaming). Rounds alternate
-a/b so load drift on the shared machine hits both. Printed: tokens/s of each and the ratio.
+(dispatch, R3 decode + validation + compaction, group assembly, streaming). After an untimed warm-up,
+rounds alternate a/b, b/a with fresh prompts, so load drift on the shared machine hits both. Printed: tokens/s of each and the ratio.
 """
 import argparse
 import asyncio
@@ -78,16 +78,19 @@ async def run(args):
     n, conc = cfg.rollout.n_samples_per_prompt, cfg.rollout.concurrency_per_engine
     rates = {"direct": [], "manager": []}
     try:
+        await direct(mgr, prompts_for(300, args.groups, seed=99), n, sampling, conc)  # warm-up, not timed
         for r in range(args.rounds):
-            prompts = prompts_for(300, args.groups, seed=100 + r)
-            rates["direct"].append(await direct(mgr, prompts, n, sampling, conc))
-            rates["manager"].append(await managed(mgr, prompts))
+            # fresh prompts for every run (no prefix-cache help for either side), order alternating
+            pa, pb = prompts_for(300, args.groups, seed=100 + 2 * r), prompts_for(300, args.groups, seed=101 + 2 * r)
+            runs = [("direct", lambda: direct(mgr, pa, n, sampling, conc)), ("manager", lambda: managed(mgr, pb))]
+            for name, fn in (runs if r % 2 == 0 else runs[::-1]):
+                rates[name].append(await fn())
     finally:
         await mgr.stop()
     d = sum(rates["direct"]) / args.rounds
     m = sum(rates["manager"]) / args.rounds
     print(f"manager throughput: 1 real SGLang CPU engine, {args.groups} groups x {n} samples x "
-          f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.rounds} rounds a/b")
+          f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.rounds} rounds a/b b/a")
     print(f"  direct HTTP : {d:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['direct'])})")
     print(f"  manager     : {m:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['manager'])})")
     print(f"  manager / direct: {m / d:.2f}x")
@@ -97,7 +100,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
     asyncio.run(run(ap.parse_args()))
 
 

@@ -175,6 +175,34 @@ async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
     return info
 
 
+async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tuple[bool, str]:
+    """/health_generate answers only on SGLang's 1 s ticks after a one-token generation, so a new
+    probe starts every POLL_S while earlier ones are pending (at most max_inflight): the first 200 wins."""
+    pending: set = set()
+    last = "no answer yet"
+    try:
+        while True:
+            if len(pending) < max_inflight:
+                pending.add(asyncio.ensure_future(_get(session, engine, "/health_generate", deadline)))
+            done, pending = await asyncio.wait(pending, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                try:
+                    status, _ = t.result()
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    last = _short(e)
+                    continue
+                if status == 200:
+                    return True, "ok"
+                last = f"HTTP {status} on /health_generate"
+            if time.monotonic() >= deadline:
+                return False, last
+            if done:  # answers came back (e.g. 503 while starting): pace the next ones
+                await asyncio.sleep(POLL_S)
+    finally:
+        for t in pending:
+            t.cancel()
+
+
 async def _read_dp_size(session, engine, info: ReadyInfo, deadline) -> None:
     """DP size from /server_info (a scheduler round trip, so not on the path to /health_generate)."""
     status, body = await _get(session, engine, "/server_info", deadline)
@@ -215,8 +243,7 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
         status, _ = await _get(session, engine, "/ready", deadline)
         return status == 200, f"HTTP {status} on /ready (server status not Up)"
     if key == "health_generate":
-        status, _ = await _get(session, engine, "/health_generate", deadline)
-        return status == 200, f"HTTP {status} on /health_generate"
+        return await _health_hedged(session, engine, deadline)
     if key == "dp_probe":
         await _read_dp_size(session, engine, info, deadline)
         ranks = list(range(info.dp_size))
