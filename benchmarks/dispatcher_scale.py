@@ -5,9 +5,10 @@ engines are replaced by a MINIMAL LOOPBACK HTTP RESPONDER (a benchmark-only stan
 it answers every POST /generate at once with a fixed 4-token body, so what is measured is the
 manager's own cost. The dispatcher runs pinned to one core, the responder on another.
 
-Printed, side by side in one run: requests/s and per-request latency (p50/p99) through
-`rollout.dispatch.Dispatcher` vs a bare aiohttp client with the same concurrency against the same
-responder; the p99 latency the manager adds per request; the ratio of requests/s.
+Printed, side by side in one run, at 4,096 and at 32 requests in flight: requests/s and per-request
+latency (p50/p99) through `rollout.dispatch.Dispatcher` vs a bare aiohttp client with the same
+concurrency against the same responder; the ratio of requests/s, the manager's CPU per request, and
+the latency it adds (meaningful at the shallow depth; at 4,096 latency is queueing).
 """
 import argparse
 import asyncio
@@ -147,6 +148,7 @@ def main():
     ap.add_argument("--inflight", type=int, default=4096)
     ap.add_argument("--requests", type=int, default=16384)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     a = ap.parse_args()
     ports = _free_ports(a.engines)
     ready = mp.Event()
@@ -162,22 +164,26 @@ def main():
             loop_name = "uvloop"
         except ImportError:
             loop_name = "asyncio"
-        out = asyncio.run(_bench(ports, a.requests, a.inflight, a.rounds))
+        out = [(n, asyncio.run(_bench(ports, max(a.requests, 4 * n), n, a.rounds)))
+               for n in (a.inflight, a.low_inflight)]
     finally:
         srv.terminate()
         srv.join(5)
-    d_rate = sum(out["direct"][0]) / len(out["direct"][0])
-    m_rate = sum(out["manager"][0]) / len(out["manager"][0])
-    dl, ml = out["direct"][1], out["manager"][1]
     print(f"dispatcher scale: {a.engines} stand-in engines (minimal loopback HTTP responder, benchmark-only), "
-          f"{a.inflight} requests in flight, {a.requests} requests x {a.rounds} rounds, client on 1 core ({loop_name})")
-    print(f"  {'':10s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s}")
-    for name, rate, lat in (("direct", d_rate, dl), ("manager", m_rate, ml)):
-        print(f"  {name:10s} {rate:9.0f} {_pct(lat, 0.5) * 1e3:8.1f} {_pct(lat, 0.99) * 1e3:8.1f}")
-    print(f"  manager / direct requests/s: {m_rate / d_rate:.2f}x")
-    print(f"  p99 latency added by the manager per request: {(_pct(ml, 0.99) - _pct(dl, 0.99)) * 1e3:.1f} ms "
-          f"(p50: {(_pct(ml, 0.5) - _pct(dl, 0.5)) * 1e3:.1f} ms)")
-
+          f"client on 1 core ({loop_name}), {a.rounds} interleaved rounds per side")
+    for inflight, res in out:
+        d_rate = sum(res["direct"][0]) / len(res["direct"][0])
+        m_rate = sum(res["manager"][0]) / len(res["manager"][0])
+        dl, ml = res["direct"][1], res["manager"][1]
+        print(f"  {inflight} requests in flight:")
+        print(f"    {'':8s} {'req/s':>8s} {'p50 ms':>9s} {'p99 ms':>9s}")
+        for name, rate, lat in (("direct", d_rate, dl), ("manager", m_rate, ml)):
+            print(f"    {name:8s} {rate:8.0f} {_pct(lat, 0.5) * 1e3:9.2f} {_pct(lat, 0.99) * 1e3:9.2f}")
+        print(f"    manager / direct requests/s: {m_rate / d_rate:.2f}x; manager CPU per request: "
+              f"{(1 / m_rate - 1 / d_rate) * 1e3:+.3f} ms of one core")
+        print(f"    latency added by the manager: p50 {(_pct(ml, 0.5) - _pct(dl, 0.5)) * 1e3:+.2f} ms, "
+              f"p99 {(_pct(ml, 0.99) - _pct(dl, 0.99)) * 1e3:+.2f} ms"
+              + ("  (at this depth latency is queueing: in-flight / rate)" if inflight > 256 else ""))
 
 if __name__ == "__main__":
     main()

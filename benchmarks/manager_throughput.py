@@ -87,13 +87,16 @@ async def run(args):
                 rates[name].append(await fn())
     finally:
         await mgr.stop()
-    d = sum(rates["direct"]) / args.rounds
-    m = sum(rates["manager"]) / args.rounds
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731  (medians: load spikes on a shared machine)
+    ratios = [m / d for d, m in zip(rates["direct"], rates["manager"])]  # back-to-back pairs
     print(f"manager throughput: 1 real SGLang CPU engine, {args.groups} groups x {n} samples x "
           f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.rounds} rounds a/b b/a")
-    print(f"  direct HTTP : {d:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['direct'])})")
-    print(f"  manager     : {m:8.1f} tokens/s  (rounds: {', '.join(f'{x:.1f}' for x in rates['manager'])})")
-    print(f"  manager / direct: {m / d:.2f}x")
+    print(f"  direct HTTP : median {med(rates['direct']):7.1f} tokens/s  (rounds: "
+          f"{', '.join(f'{x:.1f}' for x in rates['direct'])})")
+    print(f"  manager     : median {med(rates['manager']):7.1f} tokens/s  (rounds: "
+          f"{', '.join(f'{x:.1f}' for x in rates['manager'])})")
+    print(f"  manager / direct, median of back-to-back pairs: {med(ratios):.2f}x "
+          f"(pairs: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 def main():
