@@ -272,8 +272,11 @@ def _proc_name(p) -> str:
     name = p.name()
     if name.startswith("sglang::"):
         return name
-    if cmd and "sglang.launch_server" in " ".join(cmd):
+    joined = " ".join(cmd)
+    if "sglang.launch_server" in joined:
         return "launch_server"
+    if "resource_tracker" in joined:
+        return "resource_tracker"
     return name
 
 
