@@ -61,8 +61,12 @@ def _():
     from sglang.srt.arg_groups import overrides
     from sglang.srt.runtime_context import get_platform
     assert not get_platform().has_amx, "this CPU has AMX: defect not reproducible here"
-    got = overrides._attention_backend_platform_fallbacks(NS(attention_backend="intel_amx", device="cpu"))
+    view = NS(attention_backend="intel_amx", device="cpu", speculative_algorithm="NEXTN")
+    got = overrides._attention_backend_platform_fallbacks(view)
     assert got == {}, f"intel_amx rewritten: {got}"
+    # Without speculative decoding SGLang's fallback stays (torch_native is the faster choice).
+    plain = NS(attention_backend="intel_amx", device="cpu", speculative_algorithm=None)
+    assert overrides._attention_backend_platform_fallbacks(plain) == {"attention_backend": "torch_native"}
 
 @check("cpu-torch-native-fill")
 def _():

@@ -6,8 +6,9 @@ On CPU, only `intel_amx` has EAGLE draft-decode / draft-extend / target-verify s
 platform lacks AMX. The backend's attention ops (`decode/extend_attention_cpu`) need no AMX
 when they come from our torch `sgl_kernel` substitute.
 
-Fix: AROUND that pass: keep `intel_amx` on CPU when the loaded `sgl_kernel` is our CPU
-substitute; otherwise SGLang decides. Linear/MoE layers keep their own (module-level) AMX
+Fix: AROUND that pass: keep `intel_amx` on CPU when speculative decoding is configured and the
+loaded `sgl_kernel` is our CPU substitute; otherwise SGLang decides (plain runs keep falling
+back to torch_native, which is faster than the substitute's per-request attention). Linear/MoE layers keep their own (module-level) AMX
 checks, so they stay on the torch paths.
 Reference: cpu-moe-eagle-dpattn.md Q3 blocker 3 (patch "amxattn").
 """
@@ -30,7 +31,12 @@ def substitute_has_attention() -> bool:
 
 
 def keep_intel_amx(original, view, *args, **kwargs):
-    if view.attention_backend == "intel_amx" and view.device == "cpu" and substitute_has_attention():
+    if (
+        view.attention_backend == "intel_amx"
+        and view.device == "cpu"
+        and getattr(view, "speculative_algorithm", None)
+        and substitute_has_attention()
+    ):
         logger.warning("slime-moe-rollout: keeping attention backend intel_amx on a CPU without AMX "
                        "(attention ops come from the torch sgl_kernel substitute)")
         return {}
