@@ -57,6 +57,7 @@ def test_a_plugin_loaded_and_api_key_enforced(engine_a):
     assert r.status_code == 401
     info = requests.get(engine_a.url + "/server_info", headers=engine_a.headers(), timeout=60).json()
     assert info["enable_return_routed_experts"] is True and info["device"] == "cpu"
+    assert info["attention_backend"] == "torch_native"  # no speculative decoding: SGLang's own CPU choice
 
 
 def test_a_routed_experts_match_transformers(engine_a, tiny_model):
@@ -75,6 +76,8 @@ def test_a_startup_timings_and_memory(engine_a):
 
 def test_b_greedy_equals_transformers_and_drafts_accepted(engine_b, tiny_match_model):
     assert "cpu-eagle-attn-backend" in engine_b.active_fixes()
+    info = requests.get(engine_b.url + "/server_info", headers=engine_b.headers(), timeout=60).json()
+    assert info["attention_backend"] == "intel_amx"  # kept on this AMX-less CPU for NEXTN
     for ids in prompts(tiny_match_model):
         out = generate(engine_b, ids, 12)
         assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 12)
