@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default=None, help="engine logs (default: <output>.logs/)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
+    p.add_argument("--base-port", type=int, default=None,
+                   help="override rollout.base_port (engine i listens on base_port + 10*i)")
     p.set_defaults(func=main)
 
 
@@ -68,6 +70,10 @@ def main(args) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise CliError(f"--output: directory {out_dir} does not exist")
+    if args.base_port is not None:
+        if not 1024 <= args.base_port <= 65000:
+            raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
+        cfg.rollout.base_port = args.base_port
     n = args.num_groups or cfg.rollout.batch_size
     log_dir = args.log_dir or os.path.abspath(args.output) + ".logs"
 
