@@ -7,9 +7,10 @@ CLI := $(VENV)/bin/slime-moe-rollout
 venv:
 	@bash scripts/setup_venv.sh
 
-# The main job on its embedded default.
+# The main job on its embedded default: fix status, then 2 real SGLang CPU engines stream a rollout.
 demo: venv
 	$(CLI) patches status
+	$(CLI) run --config training_configs/tiny-cpu.yaml --output rollouts.jsonl
 
 # The test suite (CPU). The heaviest engine configurations run in `make test-e2e`.
 test: venv
