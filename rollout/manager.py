@@ -107,6 +107,17 @@ class RolloutManager:
             raise errors[0]
         self.monitor.start()
 
+    async def attach(self, endpoints, dispatcher_cls=Dispatcher) -> "RolloutManager":
+        """Use engines started by someone else (e.g. slime's router): open the HTTP session and admit
+        each endpoint (`.name`, `.url`, `.api_key`). Nothing is launched and no health monitor runs."""
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.dispatcher = dispatcher_cls(self.session, self.sampling, self.concurrency,
+                                         routed_experts=self.decode_routed is not None,
+                                         decode_routed=self.decode_routed)
+        for endpoint in endpoints:
+            await self.dispatcher.admit(endpoint)
+        return self
+
     async def _bring_up(self, spec, restart: bool = False):
         """Start one engine and admit it after every readiness phase (and the weight check)."""
         engine = await asyncio.to_thread(self.backend.start, spec)
@@ -138,7 +149,8 @@ class RolloutManager:
                              return_exceptions=True)
         if self.session:
             await self.session.close()
-        await asyncio.to_thread(self.backend.shutdown)
+        if self.backend is not None:   # None when attached to engines started elsewhere
+            await asyncio.to_thread(self.backend.shutdown)
 
     # ------------------------------------------------------------------ weights
     def set_weight_version(self, version: str) -> None:

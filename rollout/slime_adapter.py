@@ -111,8 +111,6 @@ def router_url(args) -> str:
 
 async def _attach_router(args, layout):
     """A RolloutManager with one admitted 'engine': slime's router (which balances over its workers)."""
-    import aiohttp
-
     from rollout.manager import RolloutManager
     from training_configs.schema import HealthConfig, ReadinessBudgets
 
@@ -131,12 +129,9 @@ async def _attach_router(args, layout):
                          sampling=sampling_from_args(args), n_samples=int(args.n_samples_per_prompt),
                          concurrency=capacity, decode_routed=decode,
                          partial_rollout=bool(getattr(args, "partial_rollout", True)))
-    # start() would launch engines; attaching needs only the session and the dispatcher.
-    mgr.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    mgr.dispatcher = _RouterDispatcher(mgr.session, mgr.sampling, capacity,
-                                       routed_experts=decode is not None, decode_routed=decode)
-    await mgr.dispatcher.admit(_Endpoint("slime-router", url, getattr(args, "sglang_api_key", None)))
-    return mgr
+    # start() would launch engines; attach() only opens the session and admits the router.
+    return await mgr.attach([_Endpoint("slime-router", url, getattr(args, "sglang_api_key", None))],
+                            dispatcher_cls=_RouterDispatcher)
 
 
 class _Endpoint:
