@@ -11,6 +11,7 @@ COMMANDS = [
     ("config", "training_configs.cli"),
     ("run", "rollout.run_cli"),
     ("engine", "rollout.engine_cli"),
+    ("serve", "rollout.serve_cli"),
 ]
 
 

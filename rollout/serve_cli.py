@@ -1,0 +1,160 @@
+"""`slime-moe-rollout serve`: managed-engines mode - start the config's engines and keep them up.
+
+Starts every engine with the rollout manager (phased readiness, progress on stderr), then prints the
+engines' `host:port` list on stdout, exactly as `config render --format external-addrs` does (pass
+it to slime's `--rollout-external-engine-addrs`), and a ready line on stderr. It then supervises the
+engines with the manager's health monitor (a dead engine is restarted and re-admitted after full
+readiness) until SIGINT/SIGTERM, stops every engine and exits 0.
+Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
+every engine given up after its restarts -> exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="start the engines and keep them up for slime to attach (managed mode)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="training config YAML (e.g. training_configs/tiny-cpu.yaml)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="engines as local child processes, or in Ray actors with placement groups")
+    p.add_argument("--log-dir", default="serve.logs", help="engine logs (default: ./serve.logs)")
+    p.add_argument("--base-port", type=int, default=None,
+                   help="override rollout.base_port (engine i listens on base_port + 10*i)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from rollout import config as rconfig
+    from rollout.cli import CliError
+
+    try:
+        cfg = rconfig.load(args.config)
+    except rconfig.ConfigError as e:
+        raise CliError(" ".join(str(e).split())) from None
+    if args.base_port is not None:
+        if not 1024 <= args.base_port <= 65000:
+            raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
+        cfg.rollout.base_port = args.base_port
+    if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        raise CliError(f"--log-dir: {args.log_dir} exists and is not a directory")
+    try:
+        model_path = rconfig.resolve_model(cfg)
+    except rconfig.ConfigError as e:
+        raise CliError(" ".join(str(e).split())) from None
+    return asyncio.run(_serve(cfg, model_path, args))
+
+
+class _LineView:
+    """Readiness of restarted engines, one stderr line per phase (the start-up uses a progress bar)."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def phase(self, engine, index, label, budget):
+        self.console.print(f"{engine}: {label} (budget {budget:g} s)", markup=False, highlight=False)
+
+    def admitted(self, engine, seconds):
+        self.console.print(f"{engine}: admitted after {seconds:.1f} s", markup=False, highlight=False)
+
+    def failed(self, engine, message):
+        self.console.print(f"{engine}: FAILED: {message}", markup=False, highlight=False)
+
+
+def _write_key(log_dir: str, key: str) -> str:
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(os.path.abspath(log_dir), "api_key")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return path
+
+
+async def _serve(cfg, model_path: str, args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollout.lifecycle import EngineStartError
+    from rollout.manager import RolloutManager
+    from rollout.readiness import ReadinessError, RichView
+    from rollout.run_cli import _backend
+    from training_configs.render import render
+
+    console = Console(stderr=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path,
+                                     view=RichView(progress))
+    t0 = time.monotonic()
+    with progress:
+        starting = asyncio.create_task(mgr.start())
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not starting.done():          # a signal during start-up: stop what was started
+            starting.cancel()
+            try:
+                await starting
+            except BaseException:
+                pass
+            progress.stop()
+            console.print("interrupted during start-up; stopping the engines", markup=False)
+            await mgr.stop()
+            return 0
+        err = starting.exception()
+        if err is not None:              # start() already stopped every engine
+            progress.stop()
+            if not isinstance(err, (ReadinessError, EngineStartError)):
+                raise err
+            for line in getattr(err, "log_tail", [])[-15:]:
+                console.print(f"  | {line}", markup=False, highlight=False)
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    mgr.view = _LineView(console)
+    print(render(cfg, "external-addrs"), flush=True)
+    key_note = "api key from rollout.api_key"
+    if not cfg.rollout.api_key:
+        key = next(iter(mgr.specs.values())).api_key
+        key_note = f"generated api key in {_write_key(args.log_dir, key)}"
+    console.print(f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
+                  f"supervising until SIGINT/SIGTERM", markup=False, highlight=False)
+    return await _supervise(mgr, stop, console)
+
+
+async def _supervise(mgr, stop: asyncio.Event, console) -> int:
+    """Report the manager's events (deaths, restarts) until a signal or until every engine is given up."""
+    seen, given_up, rc = len(mgr.events), set(), 0
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+            for _, engine, what in mgr.events[seen:]:
+                console.print(f"{engine}: {what}", markup=False, highlight=False)
+                if what.startswith("given up"):
+                    given_up.add(engine)
+                elif what.startswith("re-admitted"):
+                    given_up.discard(engine)
+            seen = len(mgr.events)
+            if given_up and given_up >= set(mgr.specs):
+                print(f"error: every engine was given up after {mgr.max_restarts} restarts", file=sys.stderr)
+                rc = 1
+                break
+    finally:
+        console.print("stopping the engines", markup=False)
+        await mgr.stop()
+    if rc == 0:
+        console.print("stopped", markup=False)
+    return rc

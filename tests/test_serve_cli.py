@@ -1,0 +1,139 @@
+"""`slime-moe-rollout serve`: bad input -> exit 2 and one line (fast); one real engine served and stopped (slow)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from rollout.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
+
+
+def _tiny():
+    with open(TINY) as fh:
+        return yaml.safe_load(fh)
+
+
+def _write(tmp_path, data, name="cfg.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return str(p)
+
+
+def _bad(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_missing_config_file(tmp_path, capsys):
+    err = _bad(capsys, ["serve", "--config", str(tmp_path / "nope.yaml")])
+    assert "nope.yaml" in err
+
+
+def test_invalid_field(tmp_path, capsys):
+    d = _tiny()
+    d["engine_groups"][0]["tp"] = "two"
+    err = _bad(capsys, ["serve", "--config", _write(tmp_path, d)])
+    assert "engine_groups[0].tp: expected an integer, got 'two'" in err
+
+
+def test_missing_model(tmp_path, capsys):
+    d = _tiny()
+    d["model"]["path"] = "/nonexistent/model"
+    del d["model"]["build"]
+    err = _bad(capsys, ["serve", "--config", _write(tmp_path, d)])
+    assert "model.path: '/nonexistent/model' does not exist" in err
+
+
+def test_bad_args(tmp_path, capsys):
+    _bad(capsys, ["serve"])                                            # --config is required
+    _bad(capsys, ["serve", "--config", TINY, "--backend", "slurm"])
+    err = _bad(capsys, ["serve", "--config", TINY, "--base-port", "80"])
+    assert "--base-port" in err
+    f = tmp_path / "file"
+    f.write_text("")
+    err = _bad(capsys, ["serve", "--config", TINY, "--log-dir", str(f)])
+    assert "--log-dir" in err
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            st = fh.read()
+    except OSError:
+        return False
+    return st[st.rfind(")") + 2] != "Z"
+
+
+def _children(pid: int) -> set:
+    """Every descendant of pid (by /proc parent links)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    st = fh.read()
+            except OSError:
+                continue
+            parent[int(d)] = int(st[st.rfind(")") + 2:].split()[1])
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+@pytest.mark.slow
+def test_serve_one_engine_until_sigterm(tmp_path):
+    """A real SGLang CPU engine: addresses printed when ready, /health_generate answers, SIGTERM stops all."""
+    d = _tiny()
+    d["engine_groups"][0]["engines"] = 1
+    d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
+    d["rollout"]["api_key"] = "serve-test-key"
+    d["rollout"]["base_port"] = 31700
+    cfg = _write(tmp_path, d)
+    expected = subprocess.run([sys.executable, "-m", "rollout.cli", "config", "render", cfg,
+                               "--format", "external-addrs"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    proc = subprocess.Popen([sys.executable, "-m", "rollout.cli", "serve", "--config", cfg,
+                             "--log-dir", str(tmp_path / "logs")], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "serve.err", "w"), text=True)
+    engine_pids: set = set()
+    try:
+        line = proc.stdout.readline().strip()      # printed only once every engine is admitted
+        assert line == expected == "127.0.0.1:31700", (line, (tmp_path / "serve.err").read_text()[-2000:])
+        engine_pids = _children(proc.pid)
+        assert engine_pids
+        req = urllib.request.Request(f"http://{line}/health_generate",
+                                     headers={"Authorization": "Bearer serve-test-key"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        err = (tmp_path / "serve.err").read_text()
+        assert "ready: 1 engine(s) up" in err and "stopped" in err
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(_pid_alive(p) for p in engine_pids):
+            time.sleep(0.2)
+        assert not [p for p in engine_pids if _pid_alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for p in engine_pids:
+            if _pid_alive(p):
+                os.kill(p, signal.SIGKILL)
