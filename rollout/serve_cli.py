@@ -51,6 +51,10 @@ def main(args) -> int:
     return asyncio.run(_serve(cfg, model_path, args))
 
 
+def _say(console, text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 class _LineView:
     """Readiness of restarted engines, one stderr line per phase (the start-up uses a progress bar)."""
 
@@ -58,13 +62,13 @@ class _LineView:
         self.console = console
 
     def phase(self, engine, index, label, budget):
-        self.console.print(f"{engine}: {label} (budget {budget:g} s)", markup=False, highlight=False)
+        _say(self.console, f"{engine}: {label} (budget {budget:g} s)")
 
     def admitted(self, engine, seconds):
-        self.console.print(f"{engine}: admitted after {seconds:.1f} s", markup=False, highlight=False)
+        _say(self.console, f"{engine}: admitted after {seconds:.1f} s")
 
     def failed(self, engine, message):
-        self.console.print(f"{engine}: FAILED: {message}", markup=False, highlight=False)
+        _say(self.console, f"{engine}: FAILED: {message}")
 
 
 def _write_key(log_dir: str, key: str) -> str:
@@ -109,7 +113,7 @@ async def _serve(cfg, model_path: str, args) -> int:
             except BaseException:
                 pass
             progress.stop()
-            console.print("interrupted during start-up; stopping the engines", markup=False)
+            _say(console, "interrupted during start-up; stopping the engines")
             await mgr.stop()
             return 0
         err = starting.exception()
@@ -118,7 +122,7 @@ async def _serve(cfg, model_path: str, args) -> int:
             if not isinstance(err, (ReadinessError, EngineStartError)):
                 raise err
             for line in getattr(err, "log_tail", [])[-15:]:
-                console.print(f"  | {line}", markup=False, highlight=False)
+                _say(console, f"  | {line}")
             print(f"error: {err}", file=sys.stderr)
             return 1
     mgr.view = _LineView(console)
@@ -128,7 +132,7 @@ async def _serve(cfg, model_path: str, args) -> int:
         key = next(iter(mgr.specs.values())).api_key
         key_note = f"generated api key in {_write_key(args.log_dir, key)}"
     console.print(f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
-                  f"supervising until SIGINT/SIGTERM", markup=False, highlight=False)
+                  f"supervising until SIGINT/SIGTERM", markup=False, highlight=False, soft_wrap=True)
     return await _supervise(mgr, stop, console)
 
 
@@ -142,7 +146,7 @@ async def _supervise(mgr, stop: asyncio.Event, console) -> int:
             except asyncio.TimeoutError:
                 pass
             for _, engine, what in mgr.events[seen:]:
-                console.print(f"{engine}: {what}", markup=False, highlight=False)
+                _say(console, f"{engine}: {what}")
                 if what.startswith("given up"):
                     given_up.add(engine)
                 elif what.startswith("re-admitted"):
@@ -153,8 +157,8 @@ async def _supervise(mgr, stop: asyncio.Event, console) -> int:
                 rc = 1
                 break
     finally:
-        console.print("stopping the engines", markup=False)
+        _say(console, "stopping the engines")
         await mgr.stop()
     if rc == 0:
-        console.print("stopped", markup=False)
+        _say(console, "stopped")
     return rc

@@ -138,3 +138,56 @@ def test_serve_one_engine_until_sigterm(tmp_path):
         for p in engine_pids:
             if _pid_alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+class _StandInManager:
+    """STAND-IN for RolloutManager in the supervision loop: an event list and a recorded stop()."""
+
+    def __init__(self, names):
+        self.specs = {n: None for n in names}
+        self.events, self.max_restarts, self.stopped = [], 3, False
+
+    async def stop(self):
+        self.stopped = True
+
+
+def test_supervise_reports_events_and_stops_on_signal(capsys):
+    import asyncio
+
+    from rich.console import Console
+
+    from rollout.serve_cli import _supervise
+
+    async def go():
+        mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
+        task = asyncio.create_task(_supervise(mgr, stop, Console(stderr=True)))
+        await asyncio.sleep(0.1)   # start-up events (before supervising) are not repeated
+        mgr.events += [(0, "tiny-0", "dead: process killed by signal SIGKILL; 2 in-flight request(s) re-sent"),
+                       (0, "tiny-0", "re-admitted after restart 1")]
+        await asyncio.sleep(0.7)
+        stop.set()
+        return await task, mgr
+
+    rc, mgr = asyncio.run(go())
+    err = capsys.readouterr().err
+    assert rc == 0 and mgr.stopped
+    assert "tiny-0: dead: process killed by signal SIGKILL" in err and "tiny-0: re-admitted after restart 1" in err
+
+
+def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
+    import asyncio
+
+    from rich.console import Console
+
+    from rollout.serve_cli import _supervise
+
+    async def go():
+        mgr = _StandInManager(["tiny-0"])
+        task = asyncio.create_task(_supervise(mgr, asyncio.Event(), Console(stderr=True)))
+        await asyncio.sleep(0.1)
+        mgr.events.append((0, "tiny-0", "given up after 3 restarts"))
+        return await asyncio.wait_for(task, 5), mgr
+
+    rc, mgr = asyncio.run(go())
+    assert rc == 1 and mgr.stopped
+    assert "every engine was given up" in capsys.readouterr().err
