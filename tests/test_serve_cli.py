@@ -100,7 +100,6 @@ def test_serve_one_engine_until_sigterm(tmp_path):
     d = _tiny()
     d["engine_groups"][0]["engines"] = 1
     d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
-    d["rollout"]["api_key"] = "serve-test-key"
     d["rollout"]["base_port"] = 31700
     d["rollout"]["budgets"].update(http_s=400, server_up_s=300)   # a loaded machine starts slowly
     cfg = _write(tmp_path, d)
@@ -116,8 +115,10 @@ def test_serve_one_engine_until_sigterm(tmp_path):
         assert line == expected == "127.0.0.1:31700", (line, (tmp_path / "serve.err").read_text()[-2000:])
         engine_pids = _children(proc.pid)
         assert engine_pids
+        key_file = tmp_path / "logs" / "api_key"    # tiny-cpu has rollout.api_key: null -> generated
+        assert key_file.stat().st_mode & 0o777 == 0o600
         req = urllib.request.Request(f"http://{line}/health_generate",
-                                     headers={"Authorization": "Bearer serve-test-key"})
+                                     headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200
         proc.send_signal(signal.SIGTERM)
