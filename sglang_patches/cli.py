@@ -26,7 +26,7 @@ def cmd_status(args) -> int:
         print(f"SGLang {report['sglang_version'] or '(not installed)'}; plugin {report['plugin']}: "
               f"{report['plugin_problem'] or 'entry point installed'}")
         for r in report["fixes"]:
-            print(f"  {r['name']:<26} {r['family']:<13} {r['state']:<9} {r['reason']}")
+            print(f"  {r['name']:<28} {r['family']:<13} {r['state']:<9} {r['reason']}")
     if not report["ok"]:
         bad = [r["name"] for r in report["fixes"] if r["state"] not in ("active", "upstream", "idle")]
         print(f"error: fixes not active: {', '.join(bad)}", file=sys.stderr)
