@@ -15,6 +15,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from _tiny import one_engine_config  # noqa: E402
 
 
 async def direct(mgr, prompts, n, sampling, concurrency):
@@ -56,19 +58,13 @@ async def run(args):
     from rich.console import Console
     from rich.progress import Progress
 
-    from rollout import config as rconfig
     from rollout.engine_launch import free_port
     from rollout.lifecycle import LocalBackend
     from rollout.manager import RolloutManager
     from rollout.readiness import RichView
     from rollout.run_cli import prompts_for
 
-    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
-    cfg.engine_groups[0].engines = 1
-    cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
-    for k in ("http_s", "server_up_s"):
-        setattr(cfg.rollout.budgets, k, 600.0)
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    cfg, model = one_engine_config(args.max_new_tokens)
     with Progress(console=Console(stderr=True), transient=True) as progress:
         mgr = RolloutManager.from_config(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-tput-")), model,
                                          ports=[free_port()], view=RichView(progress))

@@ -17,6 +17,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from _tiny import one_engine_config  # noqa: E402
 
 
 async def reference_up(session, eng, t0):
@@ -113,11 +115,7 @@ async def run(args):
     from rollout.engine_launch import free_port
     from rollout.lifecycle import LocalBackend
 
-    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
-    cfg.engine_groups[0].engines = 1
-    for k in ("http_s", "server_up_s"):
-        setattr(cfg.rollout.budgets, k, 600.0)
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    cfg, model = one_engine_config()
     spec = rconfig.engine_specs(cfg, model, ports=[free_port()])[0]
     rows = []
     for r in range(args.rounds):
