@@ -136,8 +136,12 @@ def _run_collectives(which):
     store = tempfile.mktemp(prefix="gloo-store-")
     ps = [ctx.Process(target=_collectives, args=(r, store, q, which)) for r in range(2)]
     for p in ps: p.start()
+    got = []
     try:
-        got = [q.get(timeout=60)[1] for _ in ps]
+        for _ in ps:  # once a rank failed, its peer may hang in gloo: don't wait long for it
+            got.append(q.get(timeout=60 if all(v == "ok" for v in got) else 5)[1])
+    except queue.Empty:
+        got.append("timeout: a rank never reported")
     finally:
         for p in ps:
             p.join(30)

@@ -181,14 +181,16 @@ def test_partial_rollout_aborts_and_continues_with_merged_routed_experts(loop, m
 
 def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
     old = mgr.engines["tiny-0"]
-    mgr.dispatcher.sampling["max_new_tokens"] = 24
+    # Long enough that the kill lands mid-generation even on a quiet machine (8 x 256 tokens).
+    mgr.dispatcher.sampling["max_new_tokens"] = 256
 
     async def go():
         stream = GroupStream(maxsize=64)
         task = asyncio.create_task(mgr.rollout(_prompts(4), stream, batch_size=4))
         while not any(s.outstanding for s in mgr.dispatcher.slots.values()):
             await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.3)
+        assert not task.done(), "the rollout finished before the kill: make it longer"
         t_kill = time.monotonic()
         os.kill(old.pid, signal.SIGKILL)
         while not any(w.startswith("dead") for _, _, w in mgr.events):
