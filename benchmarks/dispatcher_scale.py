@@ -15,7 +15,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 
@@ -69,14 +68,6 @@ def _serve(ports, cpu, ready):
 
     asyncio.run(main())
 
-
-def _free_ports(n):
-    out = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out.append(s.getsockname()[1])
-    return out
 
 
 class _Eng:
@@ -150,7 +141,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     a = ap.parse_args()
-    ports = _free_ports(a.engines)
+    from rollout.engine_launch import free_port
+
+    ports = [free_port() for _ in range(a.engines)]
     ready = mp.Event()
     cpus = sorted(os.sched_getaffinity(0))
     srv = mp.Process(target=_serve, args=(ports, cpus[-1], ready), daemon=True)

@@ -5,7 +5,6 @@ routed experts, /abort_request). They are fakes, named as such; the real-engine 
 scenarios are in tests/test_manager_engines.py.
 """
 import asyncio
-import socket
 import threading
 
 import numpy as np
@@ -13,6 +12,7 @@ import pybase64
 from aiohttp import web
 
 from rollout.config import EngineSpec
+from rollout.engine_launch import free_port
 from rollout.manager import RolloutManager, group_record, routed_decoder
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
@@ -158,12 +158,7 @@ class StandinBackend:
 
 
 def _ports(n):
-    out = []
-    for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            out.append(s.getsockname()[1])
-    return out
+    return [free_port() for _ in range(n)]
 
 
 def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, partial=True, backend=None, **kw):
