@@ -184,6 +184,7 @@ class RayBackend:
             refs = [[_bundle_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=i)).remote() for i in g] for g in groups]
             gpus = [sorted(x for ids in ray.get(r, timeout=self.pg_timeout_s) for x in ids) for r in refs]
+        self._node_ids = list(by_node)
         return pg, groups, hosts, gpus
 
     def start(self, spec) -> RayEngine:
@@ -211,7 +212,9 @@ class RayBackend:
             cause = getattr(e, "cause", None) or e
             msg = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
             raise EngineStartError(f"engine {spec.name}: actor failed to start: {msg}") from None
-        return RayEngine(spec, actors, pg, pids, logs, f"http://{hosts[0]}:{spec.port}")
+        engine = RayEngine(spec, actors, pg, pids, logs, f"http://{hosts[0]}:{spec.port}")
+        engine.node_ids = self._node_ids  # the Ray node of each node of the engine
+        return engine
 
     def shutdown(self) -> None:
         if self._owns_ray and ray.is_initialized():
