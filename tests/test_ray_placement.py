@@ -1,7 +1,7 @@
 """Ray placement across simulated nodes with STAND-IN servers (no SGLang): a real `ray.cluster_utils.Cluster`
 of 2 nodes x 2 logical GPUs; one engine of gpus_per_engine 4 over 2 nodes gets one placement group of
 4 x {"GPU": 1, "CPU": 1}, one actor per node with that node's address, GPU ids and node rank in its
-command; alive() asks Ray nothing that can block; the death of node 1's process is the engine's death
+command and only the engine's env; alive() asks Ray nothing that can block; the death of node 1's process is the engine's death
 and stop() removes every node. The same with real SGLang is tests/test_engine_multinode.py (e2e)."""
 import os
 import signal
@@ -59,8 +59,12 @@ def test_one_pg_per_engine_one_actor_per_node_any_node_death_kills_engine(cluste
     assert [c.argv[c.argv.index("--node-rank") + 1] for c in real] == ["0", "1"]
     assert all("--nnodes" in c.argv and c.argv[c.argv.index("--base-gpu-id") + 1] == "0" for c in real)
 
+    monkeypatch.setenv("SMR_DRIVER_ONLY", "1")  # in the driver's environment only
     eng = backend.start(spec)
     try:
+        for pid in eng.pids:  # the actors ship the engine's env, not the driver's os.environ
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            assert b"PYTHONUNBUFFERED=1" in env and not [e for e in env if e.startswith(b"SMR_DRIVER_ONLY=")]
         assert len(eng.actors) == 2 and len(set(eng.node_ids)) == 2 and len(eng.pids) == 2
         calls = []
         monkeypatch.setattr(ray, "get", lambda *a, **k: calls.append(a) or pytest.fail("blocking ray.get"))
