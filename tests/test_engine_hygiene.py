@@ -111,16 +111,26 @@ def test_port_held_by_a_live_process_is_named_not_killed(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_key_is_in_a_0600_file_not_on_argv(tmp_path):
+def test_key_is_in_a_0600_file_not_on_argv_and_masked_in_log_tails(tmp_path):
+    from rollout.engines.lifecycle import LocalEngine
     from rollout.engines.process import ServerProcess
-    p = ServerProcess([sys.executable, "-c", "import time; time.sleep(30)"], {}, str(tmp_path / "e.log"),
-                      api_key="top-secret")
+    # SGLang logs its server_args, api_key included: the stand-in does the same
+    code = "import sys, time; print('server_args=' + open(sys.argv[-1]).read().strip(), flush=True); time.sleep(30)"
+    spec = EngineSpec("s-0", EngineGroup(name="s", engines=1, gpus_per_engine=1, tp=1), 0, "127.0.0.1", 1,
+                      "top-secret", "/m")
+    p = ServerProcess([sys.executable, "-c", code], {}, str(tmp_path / "e.log"), api_key="top-secret")
     try:
         with open(f"/proc/{p.pid}/cmdline", "rb") as fh:
             cmdline = fh.read().decode()
         assert "top-secret" not in cmdline and "--config" in cmdline
         assert os.stat(p.secret_path).st_mode & 0o777 == 0o600
         assert "top-secret" in open(p.secret_path).read()
+        end = time.monotonic() + 20
+        while "server_args" not in open(p.log_path).read():
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        assert os.stat(p.log_path).st_mode & 0o777 == 0o600
+        assert LocalEngine(spec, [p]).log_tail() == ['server_args=api-key: "***"']
     finally:
         p.stop()
     assert not os.path.exists(p.secret_path)

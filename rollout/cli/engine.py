@@ -96,7 +96,7 @@ def _launch(args) -> int:
         if args.prompt:
             _sample(eng, args.prompt, args.max_new_tokens)
         if args.serve:
-            print(f"serving at {eng.url} (API key {eng.api_key}); Ctrl-C stops it")
+            print(f"serving at {eng.url} (API key in the 0600 file {eng.proc.secret_path}); Ctrl-C stops it")
             while eng.alive():
                 time.sleep(1)
     except (RuntimeError, TimeoutError) as e:

@@ -138,7 +138,7 @@ class EngineProcess:
             return ""
 
     def log_tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
+        return "\n".join(self.log_text().replace(self.api_key, "***").splitlines()[-n:])
 
     def tree_pids(self) -> list:
         import psutil

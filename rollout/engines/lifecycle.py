@@ -86,7 +86,7 @@ class LocalEngine:
 
     def log_tail(self, n: int = 20) -> list[str]:
         dead = [p for p in self.procs if not p.alive()]
-        return read_tail((dead or self.procs)[0].log_path, n)
+        return read_tail((dead or self.procs)[0].log_path, n, secret=self.api_key)
 
     def kill(self, sig: int = signal.SIGKILL, node: int = 0) -> None:
         self.procs[node].kill(sig)

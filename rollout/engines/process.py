@@ -33,8 +33,8 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def read_tail(path: str, n: int = 20) -> list[str]:
-    """Last n non-empty lines of a log file (cheap: reads at most the last 64 KiB)."""
+def read_tail(path: str, n: int = 20, secret: Optional[str] = None) -> list[str]:
+    """Last n non-empty lines of a log file (cheap: reads at most the last 64 KiB), `secret` masked."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -43,6 +43,8 @@ def read_tail(path: str, n: int = 20) -> list[str]:
             data = fh.read().decode("utf-8", "replace")
     except OSError:
         return []
+    if secret:
+        data = data.replace(secret, "***")
     lines = [ln.rstrip() for ln in data.replace("\r", "\n").splitlines() if ln.strip()]
     return lines[-n:]
 
@@ -139,7 +141,8 @@ class ServerProcess:
         full_env = dict(os.environ)
         full_env.update(env)
         full_env[OWNER_ENV] = f"{os.getpid()}:{owner_port or ''}"
-        with open(log_path, "ab") as log:
+        # SGLang logs its resolved server_args, key included: the log is 0600 too
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = _SPAWNER.call(lambda: subprocess.Popen(
                 argv, env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent))

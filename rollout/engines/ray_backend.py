@@ -102,9 +102,10 @@ class RayEngine:
     def log_tail(self, n: int = 20) -> list:
         for p in self.log_paths:
             if os.path.exists(p):  # same machine (a local or simulated cluster)
-                return read_tail(p, n)
+                return read_tail(p, n, secret=self.api_key)
         try:
-            return ray.get(self.actors[0].log_tail.remote(n), timeout=2)
+            return [ln.replace(self.api_key, "***") if self.api_key else ln
+                    for ln in ray.get(self.actors[0].log_tail.remote(n), timeout=2)]
         except Exception:
             return []
 
