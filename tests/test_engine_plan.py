@@ -66,7 +66,7 @@ def _parse(python, argvs):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=PYTHONS, ids=lambda p: "main" if p == sys.executable else p.split("/")[-3])
+@pytest.fixture(scope="module", params=PYTHONS, ids=lambda p: "main" if p == sys.executable else p.strip("/").replace("/", "_")[-48:])
 def parsed(request, tmp_path_factory):
     plans = _plans()
     argvs = [c.argv[3:] for _, _, engines in plans.values() for cmds in engines for c in cmds]
