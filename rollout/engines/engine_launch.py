@@ -141,13 +141,7 @@ class EngineProcess:
         return "\n".join(self.log_text().replace(self.api_key, "***").splitlines()[-n:])
 
     def tree_pids(self) -> list:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-            return [self.pid] + [c.pid for c in root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return self.proc.tree_pids()
 
     def wait_ready(self, budget_s: float = 300.0, on_tick: Optional[Callable[[float], None]] = None) -> float:
         """Wait until `/health` answers 200; returns seconds since launch. Raises on exit or timeout."""
@@ -171,24 +165,8 @@ class EngineProcess:
             time.sleep(1.0)
 
     def stop(self, timeout: float = 30.0) -> list:
-        """The tree-killer on the engine's session, then SIGKILL anything of its tree that left the
-        session. Returns PIDs still alive."""
-        import psutil
-
-        procs = []
-        for pid in self.tree_pids():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        self.proc.stop(grace_s=timeout)
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        _, left = psutil.wait_procs(procs, timeout=10)
-        return [p.pid for p in left if _running(p)]
+        """Stop the whole process tree (no orphans); returns PIDs still alive."""
+        return self.proc.stop(grace_s=timeout)
 
     def memory(self) -> dict:
         """RSS in bytes per process of the tree: {pid: (name, rss)}."""
@@ -283,12 +261,3 @@ def preset(name: str, model_path: str, **overrides) -> EngineOptions:
     else:
         raise ValueError(f"unknown engine configuration {name!r} (choose from {', '.join(PRESETS)})")
     return replace(opts, **overrides)
-
-
-def _running(p) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -112,6 +112,14 @@ def group_pids(pgid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_group(pgid: int, grace_s: float = 10.0) -> None:
     """The tree-killer: SIGTERM a process group, wait up to grace_s, then SIGKILL whatever is left."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -162,8 +170,24 @@ class ServerProcess:
         except ProcessLookupError:
             pass
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def tree_pids(self) -> list[int]:
+        """This process and all its descendants (also those that left its session)."""
+        import psutil
+        try:
+            return [self.pid] + [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, grace_s: float = 10.0) -> list[int]:
+        """The tree-killer on the session, then SIGKILL any descendant that left it; returns PIDs left."""
+        tree = self.tree_pids()
         kill_group(self.pid, grace_s)
+        for pid in tree:
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         try:
             self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
@@ -173,6 +197,10 @@ class ServerProcess:
                 os.unlink(self.secret_path)
             except OSError:
                 pass
+        end = time.monotonic() + 10
+        while [p for p in tree if _alive(p)] and time.monotonic() < end:
+            time.sleep(0.1)
+        return [p for p in tree if _alive(p)]
 
     def leftover_pids(self) -> list[int]:
         return group_pids(self.pid)
