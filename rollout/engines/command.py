@@ -155,14 +155,6 @@ def spec_commands(spec, hosts: Optional[list] = None, gpus: Optional[list] = Non
             for lay in spec_layouts(spec, hosts, gpus)]
 
 
-def default_command(spec) -> tuple:
-    """(argv, env) of a single-node engine (the LocalBackend's default)."""
-    cmds = spec_commands(spec)
-    if len(cmds) != 1:
-        raise ValueError(f"engine {spec.name} spans {len(cmds)} nodes; start it with the Ray backend")
-    return cmds[0]
-
-
 def plan(cfg, model_path: Optional[str] = None, hosts: Optional[list] = None) -> list:
     """Every engine's per-node commands for a config, nothing started. `hosts`: the address of every
     cluster node (default `node-<i>` on cuda, rollout.host on cpu); engines take nodes in order."""
