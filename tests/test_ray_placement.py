@@ -51,7 +51,7 @@ def test_one_pg_per_engine_one_actor_per_node_any_node_death_kills_engine(cluste
 
     backend = RayBackend(str(tmp_path), command=command)
     # placement first, as start() does, to check what the real commands get from it
-    pg, groups, hosts, gpus = backend._place(spec)
+    pg, groups, hosts, gpus, _ = backend._place(spec)
     assert [len(x) for x in groups] == [2, 2] and gpus == [[0, 1], [0, 1]] and hosts == ["127.0.0.1"] * 2
     assert list(ray.util.placement_group_table(pg)["bundles"].values()) == [{"GPU": 1.0, "CPU": 1.0}] * 4
     ray.util.remove_placement_group(pg)

@@ -158,7 +158,8 @@ class RayBackend:
         return [{"CPU": self.cpus_per_engine}]
 
     def _place(self, spec):
-        """Placement group ready -> ([bundle indexes per node], [node ip per node], [gpu ids per node])."""
+        """Place the engine's placement group -> (pg, [bundle indexes per node], [address per node],
+        [GPU ids per node] or None, [Ray node id per node]), node 0 first."""
         bundles = self.bundles(spec)
         pg = placement_group(bundles, strategy="PACK")
         try:
@@ -185,13 +186,12 @@ class RayBackend:
             refs = [[_bundle_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=i)).remote() for i in g] for g in groups]
             gpus = [sorted(x for ids in ray.get(r, timeout=self.pg_timeout_s) for x in ids) for r in refs]
-        self._node_ids = list(by_node)
-        return pg, groups, hosts, gpus
+        return pg, groups, hosts, gpus, list(by_node)
 
     def start(self, spec) -> RayEngine:
         k = self._starts.get(spec.name, 0)
         self._starts[spec.name] = k + 1
-        pg, groups, hosts, gpus = self._place(spec)
+        pg, groups, hosts, gpus, node_ids = self._place(spec)
         cmds = node_commands(self.command, spec) if self.command else spec_commands(spec, hosts, gpus)
         actors, logs = [], []
         for c, g in zip(cmds, groups):
@@ -214,7 +214,7 @@ class RayBackend:
             msg = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
             raise EngineStartError(f"engine {spec.name}: actor failed to start: {msg}") from None
         engine = RayEngine(spec, actors, pg, pids, logs, f"http://{hosts[0]}:{spec.port}")
-        engine.node_ids = self._node_ids  # the Ray node of each node of the engine
+        engine.node_ids = node_ids  # the Ray node of each node of the engine
         return engine
 
     def shutdown(self) -> None:
