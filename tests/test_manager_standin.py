@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pybase64
+import pytest
 from aiohttp import web
 
 from rollout.config import EngineSpec
@@ -16,6 +17,8 @@ from rollout.engine_launch import free_port
 from rollout.manager import RolloutManager, group_record, routed_decoder
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
+
+pytestmark = pytest.mark.timeout(60)   # stand-ins answer in milliseconds: fail fast
 
 MODEL = ModelConfig(path="standin", num_layers=3, num_experts=8, topk=2, first_k_dense_replace=1)
 

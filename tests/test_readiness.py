@@ -71,6 +71,9 @@ if __name__ == "__main__":
 
 
 # ----------------------------------------------------------------------------- helpers
+pytestmark = pytest.mark.timeout(60)   # stand-in processes: every budget here is a few seconds
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
