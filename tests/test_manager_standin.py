@@ -15,6 +15,7 @@ from aiohttp import web
 from rollout.config import EngineSpec
 from rollout.engine_launch import free_port
 from rollout.manager import RolloutManager, group_record, routed_decoder
+from rollout.states import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
 
@@ -172,7 +173,8 @@ def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, part
         budgets=ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
         health=HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
         sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples=n_samples,
-        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial, **kw)
+        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial,
+        **{"restart_backoff_s": 0.05, **kw})
 
 
 def prompts(n):
@@ -236,7 +238,7 @@ def test_engine_death_resends_and_every_group_arrives_once():
             got = [g async for g in stream]
             # the dead engine is restarted, re-admitted after readiness and serves again
             for _ in range(100):
-                if any("re-admitted" in w for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.READMITTED):
                     break
                 await asyncio.sleep(0.05)
             res2 = await mgr.rollout(prompts(6), GroupStream(100), batch_size=6)
@@ -247,7 +249,7 @@ def test_engine_death_resends_and_every_group_arrives_once():
     assert sorted(g.group_id for g in got) == sorted({g.group_id for g in got})
     assert all(s.status == "truncated" and len(s.response_ids) == 30 for g in got for s in g.samples)
     assert any(len(s.engines) > 1 for g in got for s in g.samples)  # re-sent samples
-    assert len(backend.started) == 3 and any("re-admitted" in w for _, _, w in mgr.events)
+    assert len(backend.started) == 3 and mgr.count(EngineEvent.READMITTED) == 1
     assert res2.delivered == 6 and len(backend.started[2].requests) > 0  # the restarted engine serves
 
 
@@ -257,13 +259,13 @@ def test_health_failures_remove_and_restart_an_engine():
         async with make_manager(backend=backend) as mgr:
             mgr.engines["s-0"].fail_health = True  # after admission: start-up is never probed
             for _ in range(100):
-                if any(w.startswith("dead") for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.DEAD):
                     break
                 await asyncio.sleep(0.05)
             return mgr
 
     mgr = asyncio.run(go())
-    dead = [w for _, n, w in mgr.events if w.startswith("dead") and n == "s-0"]
+    dead = [e.detail for e in mgr.events if e.kind == EngineEvent.DEAD and e.engine == "s-0"]
     assert dead and "2 consecutive health probes failed (last: HTTP 503)" in dead[0]
 
 
@@ -333,7 +335,7 @@ def test_bad_routed_payload_fails_only_that_sample():
 
             async def corrupt(slot, body):
                 status, out = await orig(slot, body)
-                if body["rid"].startswith("g0/0#"):
+                if body["rid"].startswith(f"{mgr.run_id}-g0/0#"):
                     out["meta_info"]["routed_experts"] = "AAAA"  # too short
                 return status, out
 
@@ -341,12 +343,12 @@ def test_bad_routed_payload_fails_only_that_sample():
             stream = GroupStream(10)
             res = await mgr.rollout(prompts(3), stream, batch_size=3)
             await stream.close()
-            return res, [g async for g in stream]
+            return res, [g async for g in stream], mgr.run_id
 
-    res, got = asyncio.run(go())
-    assert res.delivered == 3
-    bad = [s for g in got for s in g.samples if s.status == "failed"]
-    assert len(bad) == 1 and bad[0].sample_id == "g0/0" and bad[0].error.startswith("routed experts:")
+    res, got, run_id = asyncio.run(go())
+    assert res.delivered == 3 and res.failed_samples == 1 and list(res.failures.values()) == [1]
+    bad = [s for g in got for s in g.samples if s.status == SampleStatus.FAILED]
+    assert len(bad) == 1 and bad[0].sample_id == f"{run_id}-g0/0" and bad[0].error.startswith("routed experts:")
     assert "\n" not in bad[0].error
 
 
@@ -362,13 +364,13 @@ def test_weight_version_hook_gates_readmission():
             mgr.set_weight_version("v7")  # the stand-in keeps reporting "default"
             mgr.engines["s-0"].kill()
             for _ in range(100):
-                if any("given up" in w for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.GIVEN_UP):
                     break
                 await asyncio.sleep(0.05)
             return mgr
 
     mgr = asyncio.run(go())
     assert calls and calls[0] == ("s-0", "v7")
-    fails = [w for _, _, w in mgr.events if "restart" in w and "failed" in w]
+    fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
     assert fails and "weight version 'default' != expected 'v7'" in fails[0]
     assert "s-0" not in mgr.dispatcher.slots
