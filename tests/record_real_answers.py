@@ -25,7 +25,7 @@ SERVER_INFO_KEYS = ("version", "dp_size", "attn_dp_size", "enable_dp_attention",
 
 
 def _engine(opts, name):
-    from rollout.engine_launch import launch
+    from rollout.engines.engine_launch import launch
 
     os.makedirs("/tmp/record-real-answers", exist_ok=True)
     eng = launch(opts, f"/tmp/record-real-answers/{name}.log")
@@ -56,7 +56,7 @@ def _shape(body: dict) -> dict:
 
 
 def record_abort() -> dict:
-    from rollout.engine_launch import preset
+    from rollout.engines.engine_launch import preset
     from rollout.tiny_model import build_tiny_glm
 
     eng = _engine(preset("a", build_tiny_glm(), extra_args=["--max-running-requests", "1"]), "abort")
@@ -87,7 +87,7 @@ def record_abort() -> dict:
 
 
 def record_dp(kind: str) -> dict:
-    from rollout.engine_launch import EngineOptions
+    from rollout.engines.engine_launch import EngineOptions
     from rollout.tiny_model import build_tiny_glm
 
     if kind == "dp-attn":

@@ -2,9 +2,13 @@
 STAND-IN engines: small aiohttp servers in threads that speak the part of SGLang's HTTP API the
 manager uses (/model_info, /ready, /server_info, /health_generate, /generate with logprobs and
 routed experts, /abort_request). They are fakes, named as such; the real-engine versions of these
-scenarios are in tests/test_manager_engines.py.
+scenarios are in tests/test_manager_engines.py. Where the manager depends on an answer's exact shape
+(an abort of a queued request, `/server_info` under DP), the stand-in answers what real SGLang 0.5.23
+was recorded answering (tests/facts/, written by tests/record_real_answers.py).
 """
 import asyncio
+import json
+import os
 import threading
 
 import numpy as np
@@ -22,14 +26,37 @@ from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, Read
 pytestmark = pytest.mark.timeout(60)   # stand-ins answer in milliseconds: fail fast
 
 MODEL = ModelConfig(path="standin", num_layers=3, num_experts=8, topk=2, first_k_dense_replace=1)
+FACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "facts")
 
 
-def routed_payload(rows: int) -> str:
-    arr = np.zeros((rows, MODEL.num_layers, MODEL.topk), dtype="<i4")
-    for r in range(rows):
+def fact(name: str) -> dict:
+    with open(os.path.join(FACTS, f"sglang-0.5.23-{name}.json")) as fh:
+        return json.load(fh)
+
+
+def experts_of(token: int, layer: int) -> list:
+    """The stand-in's router: a fixed function of the token, so rows can be checked against tokens."""
+    return [(3 * token + layer + k) % MODEL.num_experts for k in range(MODEL.topk)]
+
+
+def routed_payload(tokens: list, start: int = 0) -> str:
+    """Rows for positions start .. len(tokens)-2 (SGLang never forwards the last token)."""
+    rows = tokens[start:len(tokens) - 1]
+    arr = np.zeros((len(rows), MODEL.num_layers, MODEL.topk), dtype="<i4")
+    for r, tok in enumerate(rows):
         for layer in range(MODEL.first_k_dense_replace, MODEL.num_layers):
-            arr[r, layer] = [(r + layer + k) % MODEL.num_experts for k in range(MODEL.topk)]
+            arr[r, layer] = experts_of(tok, layer)
     return pybase64.b64encode(arr.tobytes()).decode()
+
+
+def queued_abort_answer() -> dict:
+    """What SGLang 0.5.23 answers a request aborted while still queued (recorded): no routed experts."""
+    rec = fact("abort")["queued"][0]
+    values = {"completion_tokens": 0, "output_token_logprobs": [], "output_token_logprobs_length": 0,
+              "input_token_logprobs": [], "finish_reason": rec["finish_reason"], "weight_version": "default",
+              "weight_versions": [], "id": "x", "e2e_latency": 0.01, "response_sent_to_client_ts": 0.0}
+    assert set(values) == set(rec["meta_info_keys"]), "stand-in out of date with tests/facts"
+    return {"output_ids": [], "meta_info": values}
 
 
 class StandinEngine:
@@ -37,10 +64,13 @@ class StandinEngine:
 
     backend = "standin"
 
-    def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None):
+    def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None, max_running=None, server_info=None):
         self.spec, self.token_s, self.fail_health = spec, token_s, fail_health
         self.slow_from = slow_from  # prompts whose first id is >= this decode 20x slower (stragglers)
-        self.requests, self.aborts, self.inflight_max, self._inflight = [], 0, 0, 0
+        self.max_running = max_running  # like --max-running-requests: the rest wait in a queue
+        self.server_info = server_info or fact("abort")["server_info"]  # recorded /server_info fields
+        self.queued_aborts = 0
+        self.requests, self.aborts, self.inflight_max, self._inflight, self._running = [], 0, 0, 0, 0
         self._abort = asyncio.Event
         self._killed = False
         self._ready = threading.Event()
@@ -70,7 +100,7 @@ class StandinEngine:
             return web.Response(status=200)
 
         async def server_info(r):
-            return web.json_response({"dp_size": 1})
+            return web.json_response(self.server_info)
 
         app.router.add_get("/model_info", model_info)
         app.router.add_get("/ready", ready)
@@ -100,25 +130,32 @@ class StandinEngine:
         try:
             ids = body["input_ids"]
             n = body["sampling_params"]["max_new_tokens"]
-            out, finish = [], "length"
+            out, finish = [], {"type": "length", "length": n}
             if body.get("sampling_params", {}).get("max_new_tokens") == 1 and len(ids) == 1:
-                return web.json_response({"meta_info": {"completion_tokens": 1}})
+                rank = body.get("routed_dp_rank")
+                return web.json_response({"meta_info": {"completion_tokens": 1, "dp_rank": rank}})
+            while self.max_running is not None and self._running >= self.max_running:
+                if self.abort_all.is_set():
+                    self.queued_aborts += 1
+                    return web.json_response(queued_abort_answer())
+                await asyncio.sleep(0.001)
+            self._running += 1
             for i in range(n):
                 if self._killed:  # like kill -9: the connection just drops
                     request.transport.close()
                     raise ConnectionResetError("killed")
                 if self.abort_all.is_set():
-                    finish = "abort"
+                    finish = {"type": "abort", "message": "Aborted", "err_type": None, "status_code": None}
                     break
                 slow = self.slow_from is not None and ids[0] >= self.slow_from
                 await asyncio.sleep(self.token_s * (20 if slow else 1))
                 out.append((sum(ids) + i) % 97 + 3)
-            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": {"type": finish},
-                    "weight_version": "default", "completion_tokens": len(out)}
+            self._running -= 1
+            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": finish,
+                    "weight_version": "default", "completion_tokens": len(out), "dp_rank": None}
             if body.get("return_routed_experts"):
-                start = body.get("routed_experts_start_len", 0)
-                meta["routed_experts"] = routed_payload(len(ids) + len(out) - 1 - start)
-            return web.json_response({"meta_info": meta})
+                meta["routed_experts"] = routed_payload(ids + out, body.get("routed_experts_start_len", 0))
+            return web.json_response({"output_ids": out, "meta_info": meta})
         finally:
             self._inflight -= 1
 
@@ -374,3 +411,37 @@ def test_weight_version_hook_gates_readmission():
     fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
     assert fails and "weight version 'default' != expected 'v7'" in fails[0]
     assert "s-0" not in mgr.dispatcher.slots
+
+
+def _rows_match_tokens(s) -> bool:
+    """Every routed-expert row is the stand-in router's choice for the token at that position."""
+    toks = s.tokens[:-1]
+    if s.routed_experts is None or s.routed_experts.shape[0] != len(toks):
+        return False
+    return all(sorted(s.routed_experts[r, m].tolist()) == sorted(experts_of(t, m + MODEL.first_k_dense_replace))
+               for r, t in enumerate(toks) for m in range(s.routed_experts.shape[1]))
+
+
+def test_queued_abort_without_routed_experts_is_resumed_not_failed():
+    """Concurrency 8 on an engine running 2 at a time: when the batch fills, the queued requests are
+    aborted the way SGLang 0.5.23 does it (recorded: finish abort, no routed_experts, no tokens)."""
+    async def go():
+        backend = StandinBackend(slow_from=6, max_running=2)  # group 0 fast; the others straggle
+        async with make_manager(n_engines=1, concurrency=8, max_new_tokens=40, backend=backend) as mgr:
+            stream = GroupStream(maxsize=100)
+            res1 = await mgr.rollout(prompts(4), stream, batch_size=1)
+            carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carry for s in g.samples]
+            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carry))
+            await stream.close()
+            return res1, res2, carried, [g async for g in stream], backend.started[0]
+
+    res1, res2, carried, got, engine = asyncio.run(go())
+    assert res1.delivered == 1 and res1.carried == 3
+    assert all(st == SampleStatus.ABORTED and err is None for st, _, err in carried), carried
+    assert engine.queued_aborts >= 1 and res1.unrouted_aborts == engine.queued_aborts
+    assert any(n == 0 for _, n, _ in carried)  # queued when aborted: no token, no routing, kept as it was
+    assert res2.delivered == 3 and res2.failed_samples == 0 and len({g.group_id for g in got}) == 4
+    for g in got:
+        for s in g.samples:
+            assert s.status == SampleStatus.TRUNCATED and len(s.response_ids) == 40
+            assert _rows_match_tokens(s), s.sample_id
