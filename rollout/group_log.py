@@ -67,8 +67,8 @@ def start(path: str, meta: dict, overwrite: bool = False) -> GroupLog:
     return GroupLog(path)
 
 
-def resume(path: str) -> tuple[GroupLog, Resumed]:
-    """Read what a killed run left; the returned log appends after its last whole line."""
+def read_meta(path: str) -> dict:
+    """The run description next to `path` (one-line CliError when missing or broken)."""
     if not os.path.exists(meta_path(path)):
         raise CliError(f"--resume: {meta_path(path)} not found ({path} was not written by `run`)")
     try:
@@ -79,7 +79,12 @@ def resume(path: str) -> tuple[GroupLog, Resumed]:
             raise ValueError(f"missing {', '.join(missing)}")
     except ValueError as e:
         raise CliError(f"--resume: {meta_path(path)} is not a run description ({e})") from None
-    out = Resumed(meta)
+    return meta
+
+
+def resume(path: str) -> tuple[GroupLog, Resumed]:
+    """Read what a killed run left; the returned log appends after its last whole line."""
+    out = Resumed(read_meta(path))
     if os.path.exists(path):
         with open(path, "rb") as fh:
             data = fh.read()

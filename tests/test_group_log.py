@@ -26,7 +26,7 @@ def test_lines_are_appended_and_fsynced(tmp_path, monkeypatch):
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
     log = group_log.start(str(tmp_path / "o.jsonl"), META)
-    fd = log.fd
+    fd, synced[:] = log.fd, []
     log.append({"group_id": "r1-g0"})
     log.append({"group_id": "r1-g1"})
     log.close()

@@ -70,6 +70,45 @@ def test_bad_arguments(tmp_path, capsys):
     assert "--output: directory" in err
 
 
+def test_existing_output_resume_and_fraction_arguments(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"group_id": "x-g0"}\n')
+    err = _run_bad(capsys, ["run", "--config", TINY, "--output", str(out)])
+    assert "already holds 1 line(s); continue it with --resume" in err and out.read_text() == '{"group_id": "x-g0"}\n'
+    assert "r.jsonl.run.json not found" in _run_bad(capsys, ["run", "--resume", str(out)])
+    assert "expected a number in [0, 1], got 2" in _run_bad(capsys, ["run", "--config", TINY, "--max-failed-fraction", "2"])
+    assert "--config is required (or --resume OUTPUT)" in _run_bad(capsys, ["run"])
+    (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"run_id": "a", "config": TINY, "seed": 0, "num_groups": 4}))
+    err = _run_bad(capsys, ["run", "--resume", str(out), "--num-groups", "5"])
+    assert "--num-groups 5 differs from the run being resumed (4); drop it" in err
+
+
+def _verdict(capsys, records, fraction, written=2, lost=None):
+    from types import SimpleNamespace
+
+    from rollout.cli.run import _verdict
+
+    args = SimpleNamespace(max_failed_fraction=fraction, output="o.jsonl")
+    from rich.console import Console
+
+    rc = _verdict(Console(stderr=True), None, None, lost,
+                  records, {"num_groups": 2, "run_id": "r"}, written, args, 0.0, 0.0)
+    return rc, capsys.readouterr().err
+
+
+def test_exit_1_when_more_than_the_failed_fraction_failed(capsys):
+    recs = {"samples": 4, "failed": 1, "reasons": {"routed experts: 3 rows, expected 5": 1}}
+    rc, err = _verdict(capsys, recs, 0.0)
+    assert rc == 1 and ("error: 1 of 4 samples failed (25.0% > --max-failed-fraction 0); most common: "
+                        "routed experts: 3 rows, expected 5 (x1)") in err
+    assert _verdict(capsys, recs, 0.25)[0] == 0
+    rc, err = _verdict(capsys, {"samples": 2, "failed": 0, "reasons": {}}, 0.0, written=1)
+    assert rc == 1 and "error: 1 of 2 group(s) have no line in o.jsonl" in err and "--resume o.jsonl" in err
+    rc, err = _verdict(capsys, {"samples": 0, "failed": 0, "reasons": {}}, 0.0, written=0,
+                       lost=RuntimeError("every engine is lost: tiny-0: process killed by signal SIGKILL"))
+    assert rc == 1 and "error: every engine is lost: tiny-0: process killed by signal SIGKILL" in err
+
+
 @pytest.mark.e2e
 def test_demo_two_engines(tmp_path):
     """Exactly what `make demo` runs, with the output in a temp dir."""
@@ -85,7 +124,7 @@ def test_demo_two_engines(tmp_path):
     for ln in lines:
         for s in ln["samples"]:
             assert s["routed_experts"]["shape"][1:] == [2, 4] and s["routed_experts"]["sha256"]
-    assert "groups delivered" in p.stderr and "4 / 4" in p.stderr
+    assert "groups written" in p.stderr and "4 / 4" in p.stderr
 
 
 @pytest.mark.slow
