@@ -242,7 +242,7 @@ class RolloutManager:
                 self.restart_failures[spec.name] += 1
                 self.log(spec.name, EngineEvent.RESTART_FAILED, f"restart {attempt}: {cause}")
                 continue
-            self.log(spec.name, EngineEvent.READMITTED, f"after restart {attempt}")
+            self.log(spec.name, EngineEvent.READMITTED, f"restart {attempt} passed every readiness phase")
             return
         await self._give_up(spec.name, cause)
 
@@ -256,7 +256,7 @@ class RolloutManager:
 
     async def _give_up(self, name: str, cause: str) -> None:
         self.given_up[name] = cause
-        self.log(name, EngineEvent.GIVEN_UP, f"after {self.max_restarts} restarts (last: {cause})")
+        self.log(name, EngineEvent.GIVEN_UP, f"{self.max_restarts} restart(s) failed (last: {cause})")
         others = [t for n, t in self._recoveries.items() if n != name and not t.done()]
         if not self.dispatcher.slots and not others:
             reason = "every engine is lost: " + "; ".join(f"{n}: {c}" for n, c in sorted(self.given_up.items()))
