@@ -149,3 +149,57 @@ def test_engine_exit_during_startup_real_sglang(tmp_path):
     assert "no-such-flag" in log
     out = subprocess.run(["pgrep", "-f", "--", "--no-such-flag"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
+
+
+def _free_base_port():
+    from rollout.engines.engine_launch import free_port
+
+    return free_port()
+
+
+def _wait(cond, budget_s, what):
+    import time
+
+    end = time.monotonic() + budget_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {budget_s} s")
+        time.sleep(0.5)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)   # two engine starts on a loaded 2-core machine
+def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
+    """kill -9 of `run` mid-way (its engines die with it), then `run --resume OUTPUT`: the lines
+    left plus the lines added are every requested group exactly once, under the run's one id."""
+    import signal
+
+    d = _tiny()
+    d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
+    d["engine_groups"][0]["engines"] = 1
+    d["rollout"]["sampling"]["max_new_tokens"] = 48
+    d["rollout"]["base_port"] = _free_base_port()
+    cfg, out, n = _write(tmp_path, d, "kill.yaml"), tmp_path / "r.jsonl", 12
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    lines = lambda: out.read_text().count("\n") if out.exists() else 0  # noqa: E731
+    with open(tmp_path / "run1.err", "w") as err:
+        p = subprocess.Popen([cli, "run", "--config", cfg, "--num-groups", str(n), "--output", str(out)],
+                             cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+        try:
+            _wait(lambda: lines() >= 2 or p.poll() is not None, 900, "2 groups written")
+            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    before = lines()
+    assert 2 <= before < n, f"{before} lines before the kill: make the run longer"
+    run_id = json.loads((tmp_path / "r.jsonl.run.json").read_text())["run_id"]
+    _wait(lambda: subprocess.run(["pgrep", "-f", "--", f"--port {d['rollout']['base_port']}"],
+                                 capture_output=True).returncode != 0, 60, "the killed run's engine gone")
+    p2 = subprocess.run([cli, "run", "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    ids = [json.loads(ln)["group_id"] for ln in out.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"{run_id}-g{i}" for i in range(n))  # every group, exactly once
+    assert f"{n} / {n} ({n - before} in this run)" in p2.stderr
