@@ -106,7 +106,10 @@ class StandinEngine:
         app.router.add_get("/ready", ready)
         app.router.add_get("/server_info", server_info)
         app.router.add_get("/health_generate", self._health)
-        app.router.add_post("/generate", self._generate)
+        async def generate(r):  # looked up per request, so a test can wrap it
+            return await self._generate(r)
+
+        app.router.add_post("/generate", generate)
         app.router.add_post("/abort_request", self._abort_req)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
@@ -445,3 +448,67 @@ def test_queued_abort_without_routed_experts_is_resumed_not_failed():
         for s in g.samples:
             assert s.status == SampleStatus.TRUNCATED and len(s.response_ids) == 40
             assert _rows_match_tokens(s), s.sample_id
+
+
+class _FailingRestarts(StandinBackend):
+    """Starts `ok` engines, then every start raises an error of a type recovery did not list before."""
+
+    def __init__(self, ok, **kw):
+        super().__init__(**kw)
+        self.ok, self.calls = ok, 0
+
+    def start(self, spec):
+        self.calls += 1
+        if self.calls > self.ok:
+            raise ValueError(f"cannot place {spec.name}: no free CPU")
+        return super().start(spec)
+
+
+def test_every_engine_given_up_fails_the_rollout_at_once_naming_engines_and_causes():
+    import time
+
+    from rollout.manager import EnginesLost
+
+    async def go():
+        backend = _FailingRestarts(ok=2)
+        async with make_manager(max_new_tokens=400, backend=backend, max_restarts=2) as mgr:
+            task = asyncio.create_task(mgr.rollout(prompts(6), GroupStream(100), batch_size=6))
+            await asyncio.sleep(0.2)
+            for e in backend.started:
+                e.kill()
+            t0 = time.monotonic()
+            with pytest.raises(EnginesLost) as ei:
+                await asyncio.wait_for(task, 20)   # without the verdict this waits forever
+            return mgr, str(ei.value), time.monotonic() - t0
+
+    mgr, msg, waited = asyncio.run(go())
+    assert msg.startswith("every engine is lost: s-0: cannot place s-0: no free CPU; s-1: cannot place s-1")
+    assert "\n" not in msg and waited < 10
+    assert mgr.restart_failures == {"s-0": 2, "s-1": 2}   # every failed restart counted
+    fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
+    assert fails.count("restart 1: cannot place s-0: no free CPU") == 1 and len(fails) == 4
+    assert mgr.count(EngineEvent.ALL_LOST) == 1
+
+
+def test_5xx_is_resent_with_a_growing_bounded_backoff():
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(n_engines=1, n_samples=1, backend=backend) as mgr:
+            engine = backend.started[0]
+            orig, times = engine._generate, []
+
+            async def flaky(request):
+                times.append(asyncio.get_running_loop().time())
+                if len(times) <= 4:
+                    return web.Response(status=503, text="Service Unavailable\n(overloaded)")
+                return await orig(request)
+
+            engine._generate = flaky
+            mgr.dispatcher.backoff_s, mgr.dispatcher.backoff_max_s = 0.1, 0.3
+            got = await mgr.rollout(prompts(1), GroupStream(10), batch_size=1)
+            return got, times, mgr
+
+    res, times, mgr = asyncio.run(go())
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert res.delivered == 1 and res.resent == 4 and len(times) == 5
+    assert all(g >= want for g, want in zip(gaps, (0.1, 0.2, 0.3, 0.3))), gaps   # 0.1 * 2^k, capped at 0.3
