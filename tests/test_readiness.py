@@ -67,7 +67,8 @@ def _serve(mode: str, port: int) -> None:
             if self.path == "/ready":
                 return self._send(503 if mode == "hang" else 200)
             if self.path == "/server_info":  # as recorded from real SGLang 0.5.23 (tests/facts/)
-                return self._send(200, SERVER_INFO_0515 if mode == "ok-0515" else _fact("dp-attn")["server_info"])
+                info = {"ok-0515": SERVER_INFO_0515, "ok-plain": None}.get(mode, _fact("dp-attn")["server_info"])
+                return self._send(200, info or _fact("dp-plain")["server_info"])
             return self._send(200)
 
         def do_POST(self):
@@ -129,12 +130,11 @@ def test_dp_ranks_from_each_versions_server_info():
     assert _fact("dp-attn")["server_info"]["dp_size"] == 1  # the trap: reading dp_size alone probes rank 0 only
     assert dp_ranks(_fact("dp-attn")["server_info"]) == 2
     assert dp_ranks(_fact("abort")["server_info"]) == 1
-    if os.path.exists(os.path.join(FACTS, "sglang-0.5.23-dp-plain.json")):
-        assert dp_ranks(_fact("dp-plain")["server_info"]) == 2
+    assert dp_ranks(_fact("dp-plain")["server_info"]) == 2
     assert dp_ranks(SERVER_INFO_0515) == 2 and dp_ranks({"dp_size": 2, "enable_dp_attention": False}) == 2
 
 
-@pytest.mark.parametrize("mode", ["ok", "ok-0515"])
+@pytest.mark.parametrize("mode", ["ok", "ok-plain", "ok-0515"])  # 0.5.23 DP attention / plain DP, 0.5.15-16
 def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path, mode):
     eng = _backend(tmp_path, mode).start(_spec(_free_port()))
     info = _run(eng)
