@@ -512,3 +512,25 @@ def test_5xx_is_resent_with_a_growing_bounded_backoff():
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert res.delivered == 1 and res.resent == 4 and len(times) == 5
     assert all(g >= want for g, want in zip(gaps, (0.1, 0.2, 0.3, 0.3))), gaps   # 0.1 * 2^k, capped at 0.3
+
+
+def test_long_runs_keep_bounded_memory():
+    """Dedupe ids, engine events and health history are windows, not ever-growing lists."""
+    from rollout.dispatch import Group, Sample
+    from rollout.engines.health import HealthMonitor
+
+    async def go():
+        s = GroupStream(maxsize=1000, remember=4)
+        groups = [Group(f"r-g{i}", [1], [Sample(f"r-g{i}/0", f"r-g{i}", 0, [1])]) for i in range(10)]
+        for g in groups:
+            assert await s.put(g)
+        assert not await s.put(groups[-1])  # a duplicate inside the window is still refused
+        return s
+
+    s = asyncio.run(go())
+    assert len(s.delivered) == 4 and len(s.samples) <= 32 and s.duplicates == 1
+    mgr = make_manager(max_events=5)
+    for i in range(12):
+        mgr.log("s-0", EngineEvent.DEAD, str(i))
+    assert len(mgr.events) == 5 and [e.detail for e in mgr.events_since(10)] == ["10", "11"]
+    assert HealthMonitor(None, None, 1, 1, history=3).history.maxlen == 3
