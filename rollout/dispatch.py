@@ -212,13 +212,13 @@ class Dispatcher:
                 continue
             status, body = out
             if status >= 500:
-                sample.error = f"HTTP {status} from {slot.engine.name}: {_one_line(body)}"
+                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 self.resent += 1
                 retries += 1
                 continue
             if status != 200:
                 sample.status = SampleStatus.FAILED
-                sample.error = f"HTTP {status} from {slot.engine.name}: {_one_line(body)}"
+                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 break
             self._apply(sample, body)
             break
@@ -283,8 +283,10 @@ def _being_cancelled() -> bool:
     return bool(task and task.cancelling())
 
 
-def _one_line(body) -> str:
-    return " ".join(str(body).split())[:160]
+def one_line(x, limit: int = 160) -> str:
+    """Any text (an answer body, an exception) as one line of at most `limit` characters."""
+    text = " ".join(str(x).split()) or (type(x).__name__ if isinstance(x, BaseException) else "")
+    return text[:limit]
 
 
 def _short(e: BaseException) -> str:

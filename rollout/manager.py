@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
-from rollout.dispatch import Dispatcher, Group, Sample
+from rollout.dispatch import Dispatcher, Group, Sample, one_line
 from rollout.engines.health import HealthMonitor, http_probe
 from rollout.engines.readiness import NullView, auth_headers, wait_ready
 from rollout.states import EngineEvent, SampleStatus
@@ -230,7 +230,7 @@ class RolloutManager:
         try:
             await asyncio.to_thread(engine.stop)
         except Exception as e:  # a dead engine that cannot be stopped cleanly is still restarted
-            self.log(spec.name, EngineEvent.RESTART_FAILED, f"stopping the dead process: {_one_line(e)}")
+            self.log(spec.name, EngineEvent.RESTART_FAILED, f"stopping the dead process: {one_line(e, 300)}")
         for attempt in range(1, self.max_restarts + 1):
             if attempt > 1:
                 await asyncio.sleep(min(self.restart_backoff_max_s, self.restart_backoff_s * 2 ** (attempt - 2)))
@@ -238,7 +238,7 @@ class RolloutManager:
                 await self._wait_port(spec)
                 await self._bring_up(spec, restart=True)
             except Exception as e:
-                cause = _one_line(e)
+                cause = one_line(e, 300)
                 self.restart_failures[spec.name] += 1
                 self.log(spec.name, EngineEvent.RESTART_FAILED, f"restart {attempt}: {cause}")
                 continue
@@ -250,7 +250,7 @@ class RolloutManager:
         """Belt and braces: a recovery task that died of an unexpected error still gives the engine up."""
         if task.cancelled() or task.exception() is None or name in self.given_up:
             return
-        cause = f"recovery crashed: {_one_line(task.exception())}"
+        cause = f"recovery crashed: {one_line(task.exception())}"
         self.log(name, EngineEvent.RESTART_FAILED, cause)
         asyncio.get_running_loop().create_task(self._give_up(name, cause))
 
@@ -296,14 +296,15 @@ class RolloutManager:
         async def run_group(group: Group):
             try:
                 while True:
-                    runs = [s for s in group.samples if s.status.runnable]
+                    runs = [s for s in group.samples if SampleStatus(s.status).runnable]
                     if not runs or full.is_set() or self.dispatcher.closed_reason:
                         break
                     for s in runs:
                         if s.status == SampleStatus.ABORTED:
                             s.resumes += 1
                     await asyncio.gather(*(self.dispatcher.run(s) for s in runs))
-                if full.is_set() or self.dispatcher.closed_reason or any(s.status.runnable for s in group.samples):
+                unfinished = any(SampleStatus(s.status).runnable for s in group.samples)
+                if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)
                     return
                 if await sink.put(group):
@@ -345,11 +346,6 @@ class RolloutManager:
         res.unrouted_aborts = self.dispatcher.unrouted_aborts - unrouted0
         res.wall_s = time.monotonic() - t0
         return res
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]
 
 
 def routed_decoder(model):
