@@ -100,7 +100,7 @@ async def main(args) -> int:
     async with mgr:
         print(f"engines ready after {time.monotonic() - t_start:.0f} s", flush=True)
         for k in range(args.iterations):
-            if time.monotonic() - t_start > args.budget_s:
+            if time.monotonic() - t_start > args.budget_s or (args.stop_at and time.time() > args.stop_at):
                 print(f"budget of {args.budget_s:.0f} s spent after {k} iteration(s): stopping early", flush=True)
                 tally["stopped_early"] = f"budget {args.budget_s:.0f} s spent"
                 break
@@ -126,5 +126,6 @@ if __name__ == "__main__":
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--budget-s", type=float, default=5400.0, help="stop starting iterations after this")
+    ap.add_argument("--stop-at", type=float, default=None, help="also stop starting iterations after this Unix time")
     ap.add_argument("--tally", default=None, help="write the tally as JSON here")
     sys.exit(asyncio.run(main(ap.parse_args())))
