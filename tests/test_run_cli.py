@@ -203,3 +203,12 @@ def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
     ids = [json.loads(ln)["group_id"] for ln in out.read_text().splitlines()]
     assert sorted(ids) == sorted(f"{run_id}-g{i}" for i in range(n))  # every group, exactly once
     assert f"{n} / {n} ({n - before} in this run)" in p2.stderr
+
+
+def test_resume_of_a_finished_run_starts_nothing(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"run_id": "a", "config": TINY, "seed": 0, "num_groups": 2}))
+    out.write_text('{"group_id": "a-g0"}\n{"group_id": "a-g1"}\n')
+    assert main(["run", "--resume", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    assert "nothing to run: all 2 group(s) of run a have a line" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")

@@ -138,7 +138,7 @@ def _backend(kind: str, log_dir: str, cfg):
 
 
 async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: str) -> int:
-    from rollout.cli.console import progress_bar, start_failure, stderr_console
+    from rollout.cli.console import progress_bar, say, start_failure, stderr_console
     from rollout.engines.lifecycle import EngineStartError
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.manager import EnginesLost, RolloutManager, group_record
@@ -152,6 +152,9 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: 
     n = meta["num_groups"]
     prompts = prompts_for(_vocab(cfg, model_path), n, meta["seed"])
     todo = [g for g in (mgr.new_group(p, index=i) for i, p in enumerate(prompts)) if g.group_id not in done]
+    if not todo:
+        say(console, f"nothing to run: all {n} group(s) of run {meta['run_id']} have a line in {args.output}")
+        return 0
     stream = GroupStream(maxsize=max(4, len(todo)))
     records = {"samples": 0, "failed": 0, "tokens": 0, "per_engine": {}, "reasons": {}}
     t0 = time.monotonic()
