@@ -83,16 +83,8 @@ def main(args) -> int:
     from rollout import group_log
     from rollout.cli import CliError
 
-    meta = None
-    if args.resume:
-        meta = group_log.read_meta(args.resume)
-        for flag, given, recorded in (("--config", args.config and os.path.abspath(args.config), meta["config"]),
-                                      ("--num-groups", args.num_groups, meta["num_groups"]),
-                                      ("--seed", args.seed, meta["seed"])):
-            if given is not None and given != recorded:
-                raise CliError(f"{flag} {given} differs from the run being resumed ({recorded}); drop it")
-        args.config, args.num_groups, args.seed, args.output = meta["config"], meta["num_groups"], meta["seed"], args.resume
-    elif args.config is None:
+    meta = _resumed_run(args) if args.resume else None
+    if args.config is None:
         raise CliError("run: --config is required (or --resume OUTPUT)")
     try:
         cfg = rconfig.load(args.config)
@@ -127,6 +119,21 @@ def main(args) -> int:
         return asyncio.run(_run(cfg, model_path, meta, done, log, args, log_dir))
     finally:
         log.close()
+
+
+def _resumed_run(args) -> dict:
+    """`--resume OUTPUT`: the run's recorded config, group count and seed (a differing flag is refused)."""
+    from rollout import group_log
+    from rollout.cli import CliError
+
+    meta = group_log.read_meta(args.resume)
+    for flag, given, recorded in (("--config", args.config and os.path.abspath(args.config), meta["config"]),
+                                  ("--num-groups", args.num_groups, meta["num_groups"]),
+                                  ("--seed", args.seed, meta["seed"])):
+        if given is not None and given != recorded:
+            raise CliError(f"{flag} {given} differs from the run being resumed ({recorded}); drop it")
+    args.config, args.num_groups, args.seed, args.output = meta["config"], meta["num_groups"], meta["seed"], args.resume
+    return meta
 
 
 def _backend(kind: str, log_dir: str, cfg):
