@@ -40,7 +40,8 @@ class EngineSpec:
 
     @property
     def dp_size(self) -> int:
-        return self.group.attn_dp_size
+        """DP ranks `routed_dp_rank` reaches: attention-DP ranks or plain replicas alike."""
+        return self.group.dp
 
 
 def load(path) -> TrainingConfig:

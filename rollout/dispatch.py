@@ -3,7 +3,11 @@
 Bounded concurrency per engine (`capacity` requests in flight), least-outstanding routing, one
 POST /generate per sample asking for logprobs and (optionally) routed experts. When an engine is
 removed (dead), its in-flight attempts are cancelled and the samples are re-sent to another engine
-from scratch; a sample yields exactly one result however many attempts it took.
+from scratch; a sample yields exactly one result however many attempts it took. 5xx answers and
+connection errors are re-sent after a bounded exponential backoff. With routed experts on, an
+abort that brings no `routed_experts` (SGLang aborts a request still queued when the batch fills
+that way, see tests/facts/) keeps none of that attempt's tokens: the sample stays `aborted` as it was
+before the attempt and is resumed later, so every kept token has its routing row.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import aiohttp
 import numpy as np
 
 from rollout.engines.readiness import auth_headers
+from rollout.states import FINISH_STATUS, SampleStatus
 
 
 @dataclass
@@ -28,7 +33,7 @@ class Sample:
     response_ids: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     routed_experts: Optional[np.ndarray] = None   # compact [len(tokens)-1, moe_layers, topk]
-    status: str = "pending"        # completed | truncated | aborted | failed
+    status: SampleStatus = SampleStatus.PENDING
     error: Optional[str] = None
     reward: Optional[float] = None
     engines: list = field(default_factory=list)   # engine of every attempt, in order
@@ -56,7 +61,7 @@ class Group:
 
     @property
     def failed(self) -> bool:
-        return any(s.status == "failed" for s in self.samples)
+        return any(s.status == SampleStatus.FAILED for s in self.samples)
 
 
 class EngineLost(Exception):
@@ -75,7 +80,8 @@ class _Slot:
 class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession, sampling: dict, capacity: int,
                  routed_experts: bool = False, decode_routed: Optional[Callable] = None,
-                 max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None):
+                 max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None,
+                 backoff_s: float = 0.2, backoff_max_s: float = 5.0):
         self.session = session
         self.sampling = dict(sampling)
         self.capacity = capacity
@@ -83,11 +89,13 @@ class Dispatcher:
         self.decode_routed = decode_routed     # (payload, num_tokens, start_len) -> (array|None, reason|None)
         self.max_attempts = max_attempts
         self.on_error = on_error               # async (engine) -> None, after a connection-level error
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+        self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
         self._rid = itertools.count()
         self.resent = 0
+        self.unrouted_aborts = 0       # aborted answers without routed experts (queued when aborted)
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
         self.closed_reason: Optional[str] = None
 
@@ -157,16 +165,20 @@ class Dispatcher:
     async def run(self, sample: Sample) -> Sample:
         """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault."""
         sample.t_submit = sample.t_submit or time.monotonic()
+        retries = 0                    # consecutive re-sends of this call: the backoff exponent
         while True:
             if self.draining:
                 break
             if sample.attempts >= self.max_attempts:
-                sample.status, sample.error = "failed", f"gave up after {sample.attempts} attempts ({sample.error})"
+                sample.status = SampleStatus.FAILED
+                sample.error = f"gave up after {sample.attempts} attempts ({sample.error})"
                 break
+            if retries:
+                await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
             try:
                 slot = await self._acquire()
             except RuntimeError as e:
-                sample.status, sample.error = "failed", str(e)
+                sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
             if self.draining:
                 await self._release(slot, served=False)
@@ -192,6 +204,7 @@ class Dispatcher:
             if isinstance(out, Exception):
                 sample.error = _short(out)
                 self.resent += 1
+                retries += not isinstance(out, EngineLost)  # a lost engine's samples go elsewhere at once
                 if not isinstance(out, EngineLost):
                     slot.suspect_until = time.monotonic() + 1.0
                     if self.on_error:
@@ -199,11 +212,13 @@ class Dispatcher:
                 continue
             status, body = out
             if status >= 500:
-                sample.error = f"HTTP {status} from {slot.engine.name}"
+                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 self.resent += 1
+                retries += 1
                 continue
             if status != 200:
-                sample.status, sample.error = "failed", f"HTTP {status} from {slot.engine.name}: {str(body)[:160]}"
+                sample.status = SampleStatus.FAILED
+                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 break
             self._apply(sample, body)
             break
@@ -219,14 +234,19 @@ class Dispatcher:
 
     def _apply(self, sample: Sample, out: dict) -> None:
         meta = out.get("meta_info", {})
+        finish = (meta.get("finish_reason") or {}).get("type")
+        if self.routed_experts and finish == "abort" and meta.get("routed_experts") is None:
+            # aborted before it ran (queued when the batch filled): nothing to keep, resume later
+            self.unrouted_aborts += 1
+            sample.status, sample.error = SampleStatus.ABORTED, None
+            return
         pairs = meta.get("output_token_logprobs") or []
         start_len = len(sample.tokens) - 1 if sample.response_ids else 0
         sample.response_ids = list(sample.response_ids) + [int(p[1]) for p in pairs]
         sample.logprobs = list(sample.logprobs) + [float(p[0]) for p in pairs]
         if meta.get("weight_version") is not None:
             sample.weight_versions.append(str(meta["weight_version"]))
-        finish = (meta.get("finish_reason") or {}).get("type")
-        sample.status = {"stop": "completed", "length": "truncated", "abort": "aborted"}.get(finish, "completed")
+        sample.status = FINISH_STATUS.get(finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:
             self._apply_routed(sample, meta, start_len)
@@ -234,11 +254,11 @@ class Dispatcher:
     def _apply_routed(self, sample: Sample, meta: dict, start_len: int) -> None:
         payload = meta.get("routed_experts")
         if payload is None:
-            sample.status, sample.error = "failed", "routed experts requested but missing from meta_info"
+            sample.status, sample.error = SampleStatus.FAILED, "routed experts requested but missing from meta_info"
             return
         arr, reason = self.decode_routed(payload, len(sample.tokens), start_len)
         if reason:
-            sample.status, sample.error = "failed", f"routed experts: {reason}"
+            sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"
             return
         if start_len and sample.routed_experts is not None:
             # partial rollout: keep the rows computed by the first request, append the new ones
@@ -261,6 +281,12 @@ class Dispatcher:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return bool(task and task.cancelling())
+
+
+def one_line(x, limit: int = 160) -> str:
+    """Any text (an answer body, an exception) as one line of at most `limit` characters."""
+    text = " ".join(str(x).split()) or (type(x).__name__ if isinstance(x, BaseException) else "")
+    return text[:limit]
 
 
 def _short(e: BaseException) -> str:

@@ -8,23 +8,28 @@ re-sent to the others; the engine is restarted and re-admitted only after every 
 and, once weights were updated (`set_weight_version`), after the weight-version check hook.
 Partial rollout: when `batch_size` groups are delivered, the remaining requests are aborted and
 their groups kept, with tokens so far, for the next `rollout()` call (they are continued first).
+Every restart failure (whatever its exception) is logged and counted, restarts back off, and when
+every engine is given up `rollout()` raises `EnginesLost` at once, one line naming engines and causes.
+Group ids are `<run_id>-g<n>` (`run_id` random unless given), unique across managers and runs.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import itertools
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
-from rollout.dispatch import Dispatcher, Group, Sample
+from rollout.dispatch import Dispatcher, Group, Sample, one_line
 from rollout.engines.health import HealthMonitor, http_probe
-from rollout.engines.lifecycle import EngineStartError
-from rollout.engines.readiness import NullView, ReadinessError, auth_headers, wait_ready
+from rollout.engines.readiness import NullView, auth_headers, wait_ready
+from rollout.states import EngineEvent, SampleStatus
 
 WeightHook = Callable[[object, str], Awaitable[None]]
 
@@ -33,12 +38,30 @@ class WeightVersionError(RuntimeError):
     pass
 
 
+class EnginesLost(RuntimeError):
+    """Every engine was given up: nothing can serve the rollout."""
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int                 # 0, 1, ... per manager: `events_since(seq)` reads only what is new
+    t: float                 # time.monotonic()
+    engine: str
+    kind: EngineEvent
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+
 @dataclass
 class RolloutResult:
     delivered: int = 0
     carried: int = 0                   # unfinished groups kept for the next step (partial rollout)
-    failed_samples: int = 0
+    failed_samples: int = 0            # in delivered groups
+    failures: dict = field(default_factory=dict)     # error text -> samples that failed with it
     resent: int = 0
+    unrouted_aborts: int = 0           # aborts that came back without routed experts (resumed later)
     first_group_s: Optional[float] = None
     wall_s: float = 0.0
     per_engine: dict = field(default_factory=dict)   # engine -> samples finished there
@@ -47,7 +70,9 @@ class RolloutResult:
 class RolloutManager:
     def __init__(self, specs, backend, *, budgets, health, sampling: dict, n_samples: int,
                  concurrency: int, decode_routed=None, view=None, weight_sync_hook: Optional[WeightHook] = None,
-                 max_restarts: int = 3, partial_rollout: bool = True, health_probe=None):
+                 max_restarts: int = 3, partial_rollout: bool = True, health_probe=None,
+                 run_id: Optional[str] = None, restart_backoff_s: float = 1.0, restart_backoff_max_s: float = 30.0,
+                 max_events: int = 10000):
         self.specs = {s.name: s for s in specs}
         self.backend = backend
         self.budgets, self.health_cfg = budgets, health
@@ -58,10 +83,15 @@ class RolloutManager:
         self.weight_version: Optional[str] = None
         self.max_restarts, self.partial_rollout = max_restarts, partial_rollout
         self._health_probe = health_probe
+        self.restart_backoff_s, self.restart_backoff_max_s = restart_backoff_s, restart_backoff_max_s
         self.engines: dict[str, object] = {}
-        self.events: list[tuple[float, str, str]] = []   # (monotonic time, engine, what)
+        self.events: collections.deque[Event] = collections.deque(maxlen=max_events)  # bounded for long serves
+        self._seq = itertools.count()
+        self.restart_failures: collections.Counter = collections.Counter()   # engine -> failed restarts
+        self.given_up: dict[str, str] = {}                                 # engine -> last cause
         self.carry: list[Group] = []
         self._recoveries: dict[str, asyncio.Task] = {}
+        self.run_id = run_id or uuid.uuid4().hex[:10]
         self._gid = itertools.count()
         self.session: Optional[aiohttp.ClientSession] = None
         self.dispatcher: Optional[Dispatcher] = None
@@ -81,8 +111,17 @@ class RolloutManager:
                    n_samples=r.n_samples_per_prompt, concurrency=r.concurrency_per_engine,
                    decode_routed=decode, partial_rollout=r.partial_rollout, **kw)
 
-    def log(self, engine: str, what: str) -> None:
-        self.events.append((time.monotonic(), engine, what))
+    def log(self, engine: str, kind: EngineEvent, detail: str = "") -> Event:
+        ev = Event(next(self._seq), time.monotonic(), engine, EngineEvent(kind), detail)
+        self.events.append(ev)
+        return ev
+
+    def events_since(self, seq: int) -> list:
+        """Events with seq >= `seq` still held (the oldest drop off after `max_events`)."""
+        return [e for e in self.events if e.seq >= seq]
+
+    def count(self, kind: EngineEvent) -> int:
+        return sum(e.kind == kind for e in self.events)
 
     # ------------------------------------------------------------------ start / stop
     async def __aenter__(self):
@@ -122,7 +161,7 @@ class RolloutManager:
         """Start one engine and admit it after every readiness phase (and the weight check)."""
         engine = await asyncio.to_thread(self.backend.start, spec)
         self.engines[spec.name] = engine
-        self.log(spec.name, f"started pid {engine.pid}")
+        self.log(spec.name, EngineEvent.STARTED, f"pid {engine.pid}")
         try:
             info = await wait_ready(engine, self.budgets, self.session, self.view)
             if restart and self.weight_version is not None:
@@ -132,7 +171,7 @@ class RolloutManager:
             raise
         await self.dispatcher.admit(engine)
         self.monitor.watch(engine)
-        self.log(spec.name, "admitted")
+        self.log(spec.name, EngineEvent.ADMITTED)
         return engine
 
     async def stop(self) -> None:
@@ -179,24 +218,50 @@ class RolloutManager:
 
     async def _on_dead(self, engine, reason: str) -> None:
         n = await self.dispatcher.remove(engine)
-        self.log(engine.name, f"dead: {reason}; {n} in-flight request(s) re-sent")
+        self.log(engine.name, EngineEvent.DEAD, f"{reason}; {n} in-flight request(s) re-sent")
         if engine.name not in self._recoveries or self._recoveries[engine.name].done():
-            self._recoveries[engine.name] = asyncio.create_task(self._recover(engine))
+            task = asyncio.create_task(self._recover(engine, reason))
+            task.add_done_callback(lambda t, name=engine.name: self._recovery_done(name, t))
+            self._recoveries[engine.name] = task
 
-    async def _recover(self, engine) -> None:
+    async def _recover(self, engine, cause: str) -> None:
+        """Restart with backoff; any exception of an attempt is logged, counted and retried."""
         spec = self.specs[engine.name]
-        await asyncio.to_thread(engine.stop)
+        try:
+            await asyncio.to_thread(engine.stop)
+        except Exception as e:  # a dead engine that cannot be stopped cleanly is still restarted
+            self.log(spec.name, EngineEvent.RESTART_FAILED, f"stopping the dead process: {one_line(e, 300)}")
         for attempt in range(1, self.max_restarts + 1):
+            if attempt > 1:
+                await asyncio.sleep(min(self.restart_backoff_max_s, self.restart_backoff_s * 2 ** (attempt - 2)))
             try:
                 await self._wait_port(spec)
                 await self._bring_up(spec, restart=True)
-                self.log(spec.name, f"re-admitted after restart {attempt}")
-                return
-            except (ReadinessError, EngineStartError, WeightVersionError) as e:
-                self.log(spec.name, f"restart {attempt} failed: {e}")
-        self.log(spec.name, f"given up after {self.max_restarts} restarts")
-        if not self.dispatcher.slots and all(t.done() for n, t in self._recoveries.items() if n != spec.name):
-            await self.dispatcher.close(f"every engine is dead (last: {spec.name})")
+            except Exception as e:
+                cause = one_line(e, 300)
+                self.restart_failures[spec.name] += 1
+                self.log(spec.name, EngineEvent.RESTART_FAILED, f"restart {attempt}: {cause}")
+                continue
+            self.log(spec.name, EngineEvent.READMITTED, f"restart {attempt} passed every readiness phase")
+            return
+        await self._give_up(spec.name, cause)
+
+    def _recovery_done(self, name: str, task: asyncio.Task) -> None:
+        """Belt and braces: a recovery task that died of an unexpected error still gives the engine up."""
+        if task.cancelled() or task.exception() is None or name in self.given_up:
+            return
+        cause = f"recovery crashed: {one_line(task.exception())}"
+        self.log(name, EngineEvent.RESTART_FAILED, cause)
+        asyncio.get_running_loop().create_task(self._give_up(name, cause))
+
+    async def _give_up(self, name: str, cause: str) -> None:
+        self.given_up[name] = cause
+        self.log(name, EngineEvent.GIVEN_UP, f"{self.max_restarts} restart(s) failed (last: {cause})")
+        others = [t for n, t in self._recoveries.items() if n != name and not t.done()]
+        if not self.dispatcher.slots and not others:
+            reason = "every engine is lost: " + "; ".join(f"{n}: {c}" for n, c in sorted(self.given_up.items()))
+            self.log(name, EngineEvent.ALL_LOST, reason)
+            await self.dispatcher.close(reason)
 
     async def _wait_port(self, spec, budget_s: float = 15.0) -> None:
         from rollout.engines.lifecycle import port_in_use
@@ -205,8 +270,9 @@ class RolloutManager:
             await asyncio.sleep(0.2)
 
     # ------------------------------------------------------------------ rollout
-    def new_group(self, prompt_ids) -> Group:
-        gid = f"g{next(self._gid)}"
+    def new_group(self, prompt_ids, index: Optional[int] = None) -> Group:
+        """A fresh group; `index` (e.g. the prompt's index, for `run --resume`) fixes its id."""
+        gid = f"{self.run_id}-g{next(self._gid) if index is None else index}"
         samples = [Sample(f"{gid}/{i}", gid, i, list(prompt_ids)) for i in range(self.n_samples)]
         return Group(gid, list(prompt_ids), samples)
 
@@ -216,13 +282,13 @@ class RolloutManager:
         Groups still running when the batch is full are aborted and kept for the next call (with
         partial_rollout; otherwise they are dropped from this step and returned as fresh prompts).
         """
-        todo = self.carry + [self.new_group(p) for p in prompts]
+        todo = self.carry + [p if isinstance(p, Group) else self.new_group(p) for p in prompts]
         self.carry = []
         batch_size = batch_size or len(todo)
         res = RolloutResult()
         t0 = time.monotonic()
         full = asyncio.Event()
-        resent0 = self.dispatcher.resent
+        resent0, unrouted0 = self.dispatcher.resent, self.dispatcher.unrouted_aborts
         limit = max(1, math.ceil(self.concurrency * max(1, len(self.specs)) / self.n_samples)) * 2
         gate = asyncio.Semaphore(limit)
         leftovers: list[Group] = []
@@ -230,18 +296,23 @@ class RolloutManager:
         async def run_group(group: Group):
             try:
                 while True:
-                    runs = [s for s in group.samples if s.status in ("pending", "aborted")]
-                    if not runs or full.is_set():
+                    runs = [s for s in group.samples if SampleStatus(s.status).runnable]
+                    if not runs or full.is_set() or self.dispatcher.closed_reason:
                         break
                     for s in runs:
-                        if s.status == "aborted":
+                        if s.status == SampleStatus.ABORTED:
                             s.resumes += 1
                     await asyncio.gather(*(self.dispatcher.run(s) for s in runs))
-                if full.is_set() or any(s.status in ("pending", "aborted") for s in group.samples):
+                unfinished = any(SampleStatus(s.status).runnable for s in group.samples)
+                if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)
                     return
                 if await sink.put(group):
                     res.delivered += 1
+                    for s in group.samples:
+                        if s.status == SampleStatus.FAILED:
+                            res.failed_samples += 1
+                            res.failures[s.error] = res.failures.get(s.error, 0) + 1
                     if res.first_group_s is None:
                         res.first_group_s = time.monotonic() - t0
                     if on_group:
@@ -264,12 +335,15 @@ class RolloutManager:
             tasks.append(asyncio.create_task(run_group(group)))
         await asyncio.gather(*tasks)
         self.dispatcher.draining = False
+        if self.dispatcher.closed_reason:
+            raise EnginesLost(self.dispatcher.closed_reason)
         if self.partial_rollout:
             self.carry = leftovers
         else:  # drop partial work, keep the prompts
             self.carry = [self.new_group(g.prompt_ids) for g in leftovers]
         res.carried = len(self.carry)
         res.resent = self.dispatcher.resent - resent0
+        res.unrouted_aborts = self.dispatcher.unrouted_aborts - unrouted0
         res.wall_s = time.monotonic() - t0
         return res
 

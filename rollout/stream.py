@@ -4,36 +4,70 @@
 `async for group in stream`. `RayGroupQueue`: the same across processes through a bounded Ray queue
 actor (`ray.util.queue.Queue`); the trainer side reads it with `RayGroupReader`. Both refuse a
 second delivery of a group id (the dedupe key), so a re-sent group can never reach the trainer twice.
+The gate remembers the last `remember` group ids (and their sample ids), so a long `serve` run keeps
+bounded memory: group ids are unique per run (`<run_id>-g<n>`) and a duplicate can only come from a
+group still in flight, far inside that window.
 """
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import AsyncIterator, Iterator
 
 _END = "__end_of_rollout__"
 
 
+class Window:
+    """A set that keeps only the `size` most recently added keys (bounded memory)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._keys: OrderedDict = OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.size:
+            self._keys.popitem(last=False)
+
+    def discard(self, key) -> None:
+        self._keys.pop(key, None)
+
+
 class _Once:
     """Exactly-once gate: a group passes only if neither its id nor any of its sample ids passed before."""
 
-    def __init__(self):
-        self.delivered: set[str] = set()
-        self.samples: set[str] = set()
+    def __init__(self, remember: int = 100_000):
+        self.delivered = Window(remember)
+        self.samples = Window(remember * 8)
         self.duplicates = 0
 
     def admit(self, group) -> bool:
         ids = [s.sample_id for s in group.samples]
-        if group.group_id in self.delivered or len(set(ids)) != len(ids) or self.samples.intersection(ids):
+        if group.group_id in self.delivered or len(set(ids)) != len(ids) or any(i in self.samples for i in ids):
             self.duplicates += 1
             return False
         self.delivered.add(group.group_id)
-        self.samples.update(ids)
+        for i in ids:
+            self.samples.add(i)
         return True
+
+    def forget(self, group) -> None:
+        """Not delivered after all (e.g. the queue stayed full): it may be put again."""
+        self.delivered.discard(group.group_id)
+        for s in group.samples:
+            self.samples.discard(s.sample_id)
 
 
 class GroupStream(_Once):
-    def __init__(self, maxsize: int = 64):
-        super().__init__()
+    def __init__(self, maxsize: int = 64, remember: int = 100_000):
+        super().__init__(remember)
         self._q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
         self.max_depth = 0
 
@@ -77,8 +111,7 @@ class RayGroupQueue(_Once):
         try:  # waits while the queue is full
             await self.queue.put_async(self.encode(group), block=True, timeout=self.timeout_s)
         except Full:
-            self.delivered.discard(group.group_id)  # not delivered: may be put again
-            self.samples.difference_update(s.sample_id for s in group.samples)
+            self.forget(group)
             raise RuntimeError(f"trainer queue stayed full for {self.timeout_s:g} s (consumer stalled?)") from None
         return True
 
@@ -97,7 +130,7 @@ class RayGroupReader:
             queue = ray.get_actor(queue, namespace=namespace)
         self.actor = getattr(queue, "actor", queue)
         self.timeout_s = timeout_s
-        self.seen: set[str] = set()
+        self.seen = Window(100_000)
 
     def __iter__(self) -> Iterator:
         import ray

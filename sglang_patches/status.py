@@ -4,8 +4,9 @@ from importlib.metadata import entry_points
 
 from sglang_patches.plugin import PLUGIN_NAME
 from sglang_patches.registry import all_fixes, detect, judge
+from sglang_patches.states import FixState
 
-GOOD_STATES = ("active", "upstream", "not-needed", "absent", "idle")
+GOOD_STATES = tuple(s for s in FixState if s.good)
 
 
 def plugin_problem():

@@ -10,6 +10,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENGINE_BUDGET_S = float(os.environ.get("SLIME_MOE_ROLLOUT_ENGINE_BUDGET", "420"))
+# pytest-timeout budgets (s). The default (pyproject: 300) covers tests without an engine; a test that
+# starts real engines may pay one engine start (ENGINE_BUDGET_S) on top of its own work.
+SLOW_TIMEOUT_S = int(ENGINE_BUDGET_S + 480)
+E2E_TIMEOUT_S = int(ENGINE_BUDGET_S + 900)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every slow/e2e test without its own `@pytest.mark.timeout(N)` gets the engine budget above."""
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+        elif item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +63,7 @@ class EnginePool:
         eng = launch(opts, os.path.join(self.log_dir, f"engine-{key}.log"))
         self.key, self.engine = key, eng
         try:
-            self.ready_s = eng.wait_ready(ENGINE_BUDGET_S)
+            self.ready_s = eng.wait_ready(ENGINE_BUDGET_S, on_tick=_progress(key))
         except (RuntimeError, TimeoutError) as e:
             self.failures[key] = str(e)
             self.close()
@@ -63,6 +78,20 @@ class EnginePool:
         self.stopped[self.key] = (pids, left)
         self.key, self.engine = None, None
         assert not left, f"processes left after stop: {left}"
+
+
+def _progress(key: str):
+    """A line every 30 s while an engine starts (visible with -s; in the log otherwise)."""
+    import sys
+
+    last = [0.0]
+
+    def tick(elapsed: float) -> None:
+        if elapsed - last[0] >= 30:
+            last[0] = elapsed
+            print(f"engine {key}: starting, {elapsed:.0f} s of {ENGINE_BUDGET_S:.0f} s", file=sys.stderr, flush=True)
+
+    return tick
 
 
 @pytest.fixture(scope="session")

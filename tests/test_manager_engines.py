@@ -19,7 +19,9 @@ from rollout.engines.health import HealthMonitor, http_probe
 from rollout.engines.lifecycle import EngineStartError, LocalBackend
 from rollout.manager import RolloutManager
 from rollout.engines.readiness import ReadinessError, wait_ready
+from rollout.states import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
+from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +31,8 @@ CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
 def _config(engines=1, max_new_tokens=8):
     cfg = rconfig.load(CONFIG)
     cfg.engine_groups[0].engines = engines
+    # 4 running at a time while the manager keeps 8 in flight: the rest wait in SGLang's queue
+    cfg.engine_groups[0].max_running_requests = 4
     cfg.rollout.sampling.max_new_tokens = max_new_tokens
     cfg.rollout.health.interval_s = 1.0
     for k in ("http_s", "server_up_s"):  # a loaded 2-core machine starts engines slowly
@@ -155,28 +159,43 @@ def test_one_failed_probe_is_tolerated_n_in_a_row_kill(loop, mgr):
     assert eng.alive()  # the separate monitor only reports; the manager's engine is untouched
 
 
-def test_partial_rollout_aborts_and_continues_with_merged_routed_experts(loop, mgr):
+def _rows_match_tokens(s) -> bool:
+    """The compact routed experts are, row for row, the experts the tiny model routes each token to."""
+    seq = s.tokens[:-1]
+    if s.routed_experts is None or s.routed_experts.shape != (len(seq), NUM_LAYERS - 1, TOP_K):
+        return False
+    return all([sorted(r) for r in s.routed_experts[:, layer - 1, :].tolist()] == expected_experts(seq, layer)
+               for layer in range(1, NUM_LAYERS))
+
+
+def test_partial_rollout_queued_and_running_aborts_resume_with_rows_matching_tokens(loop, mgr):
+    """8 samples in flight on an engine running 4: when the batch (1 group) is full, the running ones
+    are aborted with their tokens and routed experts so far, the queued ones with neither (SGLang
+    0.5.23, tests/facts/sglang-0.5.23-abort.json). Both kinds are resumed and end with one routed-expert
+    row per token, each the experts the model routes that token to."""
     mgr.dispatcher.sampling["max_new_tokens"] = 48
     mgr.dispatcher.sampling["ignore_eos"] = True
     groups = [mgr.new_group(p) for p in _prompts(4)]
-    for s in groups[0].samples:
-        s.max_new_tokens = 4  # group 0 finishes first; the others are stragglers when the batch (1) is full
+    for g in groups:
+        for s in g.samples:  # group 0 finishes first; the others are stragglers when the batch (1) is full
+            s.max_new_tokens = 4 if g is groups[0] else 48
     mgr.carry = groups
     try:
         res1, got1 = loop.run_until_complete(_collect(mgr, [], batch_size=1))
-        carried = [(s.status, len(s.response_ids)) for g in mgr.carry for s in g.samples]
+        carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carry for s in g.samples]
         res2, got2 = loop.run_until_complete(_collect(mgr, [], batch_size=len(mgr.carry)))
     finally:
         mgr.dispatcher.sampling["max_new_tokens"] = 8
         mgr.dispatcher.sampling.pop("ignore_eos")
     assert res1.delivered == 1 and res1.carried == 3 and got1[0].group_id == groups[0].group_id
-    assert any(st == "aborted" and 0 < n < 48 for st, n in carried), carried
-    assert res2.delivered == 3
-    resumed = [s for g in got2 for s in g.samples if s.resumes]
-    assert resumed
-    for s in resumed:
-        assert len(s.response_ids) == 48 and s.status == "truncated"
-        assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 4)  # merged across the abort
+    assert all(st == SampleStatus.ABORTED and err is None for st, _, err in carried), carried
+    assert any(0 < n < 48 for _, n, _ in carried), carried          # running when aborted
+    assert res1.unrouted_aborts >= 1 and any(n == 0 for _, n, _ in carried), carried  # queued when aborted
+    assert res2.delivered == 3 and res2.failed_samples == 0
+    assert all(s.resumes == 1 for g in got2 for s in g.samples)
+    for s in [s for g in got1 + got2 for s in g.samples]:
+        assert s.status == SampleStatus.TRUNCATED and len(s.response_ids) == s.max_new_tokens
+        assert _rows_match_tokens(s), s.sample_id
 
 
 def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
@@ -193,7 +212,7 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
         assert not task.done(), "the rollout finished before the kill: make it longer"
         t_kill = time.monotonic()
         os.kill(old.pid, signal.SIGKILL)
-        while not any(w.startswith("dead") for _, _, w in mgr.events):
+        while not mgr.count(EngineEvent.DEAD):
             await asyncio.sleep(0.05)
         seen_s = time.monotonic() - t_kill
         res = await asyncio.wait_for(task, timeout=600)
@@ -209,7 +228,7 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
     assert res.delivered == 4 and len({g.group_id for g in groups}) == 4 and res.resent >= 1
     assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
     new = mgr.engines["tiny-0"]
-    assert new is not old and new.alive() and any("re-admitted" in w for _, _, w in mgr.events)
+    assert new is not old and new.alive() and mgr.count(EngineEvent.READMITTED)
     assert any(len(s.engines) > 1 for g in groups for s in g.samples)  # re-sent after the kill
     res2, _ = loop.run_until_complete(_collect(mgr, _prompts(2)))
     assert res2.delivered == 2 and mgr.dispatcher.slots["tiny-0"].engine is new
@@ -231,7 +250,7 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
             res = await asyncio.wait_for(task, timeout=600)
             await stream.close()
             groups = [g async for g in stream]
-            while not any("re-admitted" in w for _, _, w in m.events):
+            while not m.count(EngineEvent.READMITTED):
                 await asyncio.sleep(0.5)
             return res, groups, victim
 

@@ -2,30 +2,61 @@
 STAND-IN engines: small aiohttp servers in threads that speak the part of SGLang's HTTP API the
 manager uses (/model_info, /ready, /server_info, /health_generate, /generate with logprobs and
 routed experts, /abort_request). They are fakes, named as such; the real-engine versions of these
-scenarios are in tests/test_manager_engines.py.
+scenarios are in tests/test_manager_engines.py. Where the manager depends on an answer's exact shape
+(an abort of a queued request, `/server_info` under DP), the stand-in answers what real SGLang 0.5.23
+was recorded answering (tests/facts/, written by tests/record_real_answers.py).
 """
 import asyncio
+import json
+import os
 import threading
 
 import numpy as np
 import pybase64
+import pytest
 from aiohttp import web
 
 from rollout.config import EngineSpec
 from rollout.engines.engine_launch import free_port
 from rollout.manager import RolloutManager, group_record, routed_decoder
+from rollout.states import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
 
+pytestmark = pytest.mark.timeout(60)   # stand-ins answer in milliseconds: fail fast
+
 MODEL = ModelConfig(path="standin", num_layers=3, num_experts=8, topk=2, first_k_dense_replace=1)
+FACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "facts")
 
 
-def routed_payload(rows: int) -> str:
-    arr = np.zeros((rows, MODEL.num_layers, MODEL.topk), dtype="<i4")
-    for r in range(rows):
+def fact(name: str) -> dict:
+    with open(os.path.join(FACTS, f"sglang-0.5.23-{name}.json")) as fh:
+        return json.load(fh)
+
+
+def experts_of(token: int, layer: int) -> list:
+    """The stand-in's router: a fixed function of the token, so rows can be checked against tokens."""
+    return [(3 * token + layer + k) % MODEL.num_experts for k in range(MODEL.topk)]
+
+
+def routed_payload(tokens: list, start: int = 0) -> str:
+    """Rows for positions start .. len(tokens)-2 (SGLang never forwards the last token)."""
+    rows = tokens[start:len(tokens) - 1]
+    arr = np.zeros((len(rows), MODEL.num_layers, MODEL.topk), dtype="<i4")
+    for r, tok in enumerate(rows):
         for layer in range(MODEL.first_k_dense_replace, MODEL.num_layers):
-            arr[r, layer] = [(r + layer + k) % MODEL.num_experts for k in range(MODEL.topk)]
+            arr[r, layer] = experts_of(tok, layer)
     return pybase64.b64encode(arr.tobytes()).decode()
+
+
+def queued_abort_answer() -> dict:
+    """What SGLang 0.5.23 answers a request aborted while still queued (recorded): no routed experts."""
+    rec = fact("abort")["queued"][0]
+    values = {"completion_tokens": 0, "output_token_logprobs": [], "output_token_logprobs_length": 0,
+              "input_token_logprobs": [], "finish_reason": rec["finish_reason"], "weight_version": "default",
+              "weight_versions": [], "id": "x", "e2e_latency": 0.01, "response_sent_to_client_ts": 0.0}
+    assert set(values) == set(rec["meta_info_keys"]), "stand-in out of date with tests/facts"
+    return {"output_ids": [], "meta_info": values}
 
 
 class StandinEngine:
@@ -33,10 +64,13 @@ class StandinEngine:
 
     backend = "standin"
 
-    def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None):
+    def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None, max_running=None, server_info=None):
         self.spec, self.token_s, self.fail_health = spec, token_s, fail_health
         self.slow_from = slow_from  # prompts whose first id is >= this decode 20x slower (stragglers)
-        self.requests, self.aborts, self.inflight_max, self._inflight = [], 0, 0, 0
+        self.max_running = max_running  # like --max-running-requests: the rest wait in a queue
+        self.server_info = server_info or fact("abort")["server_info"]  # recorded /server_info fields
+        self.queued_aborts = 0
+        self.requests, self.aborts, self.inflight_max, self._inflight, self._running = [], 0, 0, 0, 0
         self._abort = asyncio.Event
         self._killed = False
         self._ready = threading.Event()
@@ -66,13 +100,16 @@ class StandinEngine:
             return web.Response(status=200)
 
         async def server_info(r):
-            return web.json_response({"dp_size": 1})
+            return web.json_response(self.server_info)
 
         app.router.add_get("/model_info", model_info)
         app.router.add_get("/ready", ready)
         app.router.add_get("/server_info", server_info)
         app.router.add_get("/health_generate", self._health)
-        app.router.add_post("/generate", self._generate)
+        async def generate(r):  # looked up per request, so a test can wrap it
+            return await self._generate(r)
+
+        app.router.add_post("/generate", generate)
         app.router.add_post("/abort_request", self._abort_req)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
@@ -96,25 +133,32 @@ class StandinEngine:
         try:
             ids = body["input_ids"]
             n = body["sampling_params"]["max_new_tokens"]
-            out, finish = [], "length"
+            out, finish = [], {"type": "length", "length": n}
             if body.get("sampling_params", {}).get("max_new_tokens") == 1 and len(ids) == 1:
-                return web.json_response({"meta_info": {"completion_tokens": 1}})
+                rank = body.get("routed_dp_rank")
+                return web.json_response({"meta_info": {"completion_tokens": 1, "dp_rank": rank}})
+            while self.max_running is not None and self._running >= self.max_running:
+                if self.abort_all.is_set():
+                    self.queued_aborts += 1
+                    return web.json_response(queued_abort_answer())
+                await asyncio.sleep(0.001)
+            self._running += 1
             for i in range(n):
                 if self._killed:  # like kill -9: the connection just drops
                     request.transport.close()
                     raise ConnectionResetError("killed")
                 if self.abort_all.is_set():
-                    finish = "abort"
+                    finish = {"type": "abort", "message": "Aborted", "err_type": None, "status_code": None}
                     break
                 slow = self.slow_from is not None and ids[0] >= self.slow_from
                 await asyncio.sleep(self.token_s * (20 if slow else 1))
                 out.append((sum(ids) + i) % 97 + 3)
-            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": {"type": finish},
-                    "weight_version": "default", "completion_tokens": len(out)}
+            self._running -= 1
+            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": finish,
+                    "weight_version": "default", "completion_tokens": len(out), "dp_rank": None}
             if body.get("return_routed_experts"):
-                start = body.get("routed_experts_start_len", 0)
-                meta["routed_experts"] = routed_payload(len(ids) + len(out) - 1 - start)
-            return web.json_response({"meta_info": meta})
+                meta["routed_experts"] = routed_payload(ids + out, body.get("routed_experts_start_len", 0))
+            return web.json_response({"output_ids": out, "meta_info": meta})
         finally:
             self._inflight -= 1
 
@@ -169,7 +213,8 @@ def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, part
         budgets=ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
         health=HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
         sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples=n_samples,
-        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial, **kw)
+        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial,
+        **{"restart_backoff_s": 0.05, **kw})
 
 
 def prompts(n):
@@ -233,7 +278,7 @@ def test_engine_death_resends_and_every_group_arrives_once():
             got = [g async for g in stream]
             # the dead engine is restarted, re-admitted after readiness and serves again
             for _ in range(100):
-                if any("re-admitted" in w for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.READMITTED):
                     break
                 await asyncio.sleep(0.05)
             res2 = await mgr.rollout(prompts(6), GroupStream(100), batch_size=6)
@@ -244,7 +289,7 @@ def test_engine_death_resends_and_every_group_arrives_once():
     assert sorted(g.group_id for g in got) == sorted({g.group_id for g in got})
     assert all(s.status == "truncated" and len(s.response_ids) == 30 for g in got for s in g.samples)
     assert any(len(s.engines) > 1 for g in got for s in g.samples)  # re-sent samples
-    assert len(backend.started) == 3 and any("re-admitted" in w for _, _, w in mgr.events)
+    assert len(backend.started) == 3 and mgr.count(EngineEvent.READMITTED) == 1
     assert res2.delivered == 6 and len(backend.started[2].requests) > 0  # the restarted engine serves
 
 
@@ -254,13 +299,13 @@ def test_health_failures_remove_and_restart_an_engine():
         async with make_manager(backend=backend) as mgr:
             mgr.engines["s-0"].fail_health = True  # after admission: start-up is never probed
             for _ in range(100):
-                if any(w.startswith("dead") for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.DEAD):
                     break
                 await asyncio.sleep(0.05)
             return mgr
 
     mgr = asyncio.run(go())
-    dead = [w for _, n, w in mgr.events if w.startswith("dead") and n == "s-0"]
+    dead = [e.detail for e in mgr.events if e.kind == EngineEvent.DEAD and e.engine == "s-0"]
     assert dead and "2 consecutive health probes failed (last: HTTP 503)" in dead[0]
 
 
@@ -330,7 +375,7 @@ def test_bad_routed_payload_fails_only_that_sample():
 
             async def corrupt(slot, body):
                 status, out = await orig(slot, body)
-                if body["rid"].startswith("g0/0#"):
+                if body["rid"].startswith(f"{mgr.run_id}-g0/0#"):
                     out["meta_info"]["routed_experts"] = "AAAA"  # too short
                 return status, out
 
@@ -338,12 +383,12 @@ def test_bad_routed_payload_fails_only_that_sample():
             stream = GroupStream(10)
             res = await mgr.rollout(prompts(3), stream, batch_size=3)
             await stream.close()
-            return res, [g async for g in stream]
+            return res, [g async for g in stream], mgr.run_id
 
-    res, got = asyncio.run(go())
-    assert res.delivered == 3
-    bad = [s for g in got for s in g.samples if s.status == "failed"]
-    assert len(bad) == 1 and bad[0].sample_id == "g0/0" and bad[0].error.startswith("routed experts:")
+    res, got, run_id = asyncio.run(go())
+    assert res.delivered == 3 and res.failed_samples == 1 and list(res.failures.values()) == [1]
+    bad = [s for g in got for s in g.samples if s.status == SampleStatus.FAILED]
+    assert len(bad) == 1 and bad[0].sample_id == f"{run_id}-g0/0" and bad[0].error.startswith("routed experts:")
     assert "\n" not in bad[0].error
 
 
@@ -359,13 +404,133 @@ def test_weight_version_hook_gates_readmission():
             mgr.set_weight_version("v7")  # the stand-in keeps reporting "default"
             mgr.engines["s-0"].kill()
             for _ in range(100):
-                if any("given up" in w for _, _, w in mgr.events):
+                if mgr.count(EngineEvent.GIVEN_UP):
                     break
                 await asyncio.sleep(0.05)
             return mgr
 
     mgr = asyncio.run(go())
     assert calls and calls[0] == ("s-0", "v7")
-    fails = [w for _, _, w in mgr.events if "restart" in w and "failed" in w]
+    fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
     assert fails and "weight version 'default' != expected 'v7'" in fails[0]
     assert "s-0" not in mgr.dispatcher.slots
+
+
+def _rows_match_tokens(s) -> bool:
+    """Every routed-expert row is the stand-in router's choice for the token at that position."""
+    toks = s.tokens[:-1]
+    if s.routed_experts is None or s.routed_experts.shape[0] != len(toks):
+        return False
+    return all(sorted(s.routed_experts[r, m].tolist()) == sorted(experts_of(t, m + MODEL.first_k_dense_replace))
+               for r, t in enumerate(toks) for m in range(s.routed_experts.shape[1]))
+
+
+def test_queued_abort_without_routed_experts_is_resumed_not_failed():
+    """Concurrency 8 on an engine running 2 at a time: when the batch fills, the queued requests are
+    aborted the way SGLang 0.5.23 does it (recorded: finish abort, no routed_experts, no tokens)."""
+    async def go():
+        backend = StandinBackend(slow_from=6, max_running=2)  # group 0 fast; the others straggle
+        async with make_manager(n_engines=1, concurrency=8, max_new_tokens=40, backend=backend) as mgr:
+            stream = GroupStream(maxsize=100)
+            res1 = await mgr.rollout(prompts(4), stream, batch_size=1)
+            carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carry for s in g.samples]
+            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carry))
+            await stream.close()
+            return res1, res2, carried, [g async for g in stream], backend.started[0]
+
+    res1, res2, carried, got, engine = asyncio.run(go())
+    assert res1.delivered == 1 and res1.carried == 3
+    assert all(st == SampleStatus.ABORTED and err is None for st, _, err in carried), carried
+    assert engine.queued_aborts >= 1 and res1.unrouted_aborts == engine.queued_aborts
+    assert any(n == 0 for _, n, _ in carried)  # queued when aborted: no token, no routing, kept as it was
+    assert res2.delivered == 3 and res2.failed_samples == 0 and len({g.group_id for g in got}) == 4
+    for g in got:
+        for s in g.samples:
+            assert s.status == SampleStatus.TRUNCATED and len(s.response_ids) == 40
+            assert _rows_match_tokens(s), s.sample_id
+
+
+class _FailingRestarts(StandinBackend):
+    """Starts `ok` engines, then every start raises an error of a type recovery did not list before."""
+
+    def __init__(self, ok, **kw):
+        super().__init__(**kw)
+        self.ok, self.calls = ok, 0
+
+    def start(self, spec):
+        self.calls += 1
+        if self.calls > self.ok:
+            raise ValueError(f"cannot place {spec.name}: no free CPU")
+        return super().start(spec)
+
+
+def test_every_engine_given_up_fails_the_rollout_at_once_naming_engines_and_causes():
+    import time
+
+    from rollout.manager import EnginesLost
+
+    async def go():
+        backend = _FailingRestarts(ok=2)
+        async with make_manager(max_new_tokens=400, backend=backend, max_restarts=2) as mgr:
+            task = asyncio.create_task(mgr.rollout(prompts(6), GroupStream(100), batch_size=6))
+            await asyncio.sleep(0.2)
+            for e in backend.started:
+                e.kill()
+            t0 = time.monotonic()
+            with pytest.raises(EnginesLost) as ei:
+                await asyncio.wait_for(task, 20)   # without the verdict this waits forever
+            return mgr, str(ei.value), time.monotonic() - t0
+
+    mgr, msg, waited = asyncio.run(go())
+    assert msg.startswith("every engine is lost: s-0: cannot place s-0: no free CPU; s-1: cannot place s-1")
+    assert "\n" not in msg and waited < 10
+    assert mgr.restart_failures == {"s-0": 2, "s-1": 2}   # every failed restart counted
+    fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
+    assert fails.count("restart 1: cannot place s-0: no free CPU") == 1 and len(fails) == 4
+    assert mgr.count(EngineEvent.ALL_LOST) == 1
+
+
+def test_5xx_is_resent_with_a_growing_bounded_backoff():
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(n_engines=1, n_samples=1, backend=backend) as mgr:
+            engine = backend.started[0]
+            orig, times = engine._generate, []
+
+            async def flaky(request):
+                times.append(asyncio.get_running_loop().time())
+                if len(times) <= 4:
+                    return web.Response(status=503, text="Service Unavailable\n(overloaded)")
+                return await orig(request)
+
+            engine._generate = flaky
+            mgr.dispatcher.backoff_s, mgr.dispatcher.backoff_max_s = 0.1, 0.3
+            got = await mgr.rollout(prompts(1), GroupStream(10), batch_size=1)
+            return got, times, mgr
+
+    res, times, mgr = asyncio.run(go())
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert res.delivered == 1 and res.resent == 4 and len(times) == 5
+    assert all(g >= want for g, want in zip(gaps, (0.1, 0.2, 0.3, 0.3))), gaps   # 0.1 * 2^k, capped at 0.3
+
+
+def test_long_runs_keep_bounded_memory():
+    """Dedupe ids, engine events and health history are windows, not ever-growing lists."""
+    from rollout.dispatch import Group, Sample
+    from rollout.engines.health import HealthMonitor
+
+    async def go():
+        s = GroupStream(maxsize=1000, remember=4)
+        groups = [Group(f"r-g{i}", [1], [Sample(f"r-g{i}/0", f"r-g{i}", 0, [1])]) for i in range(10)]
+        for g in groups:
+            assert await s.put(g)
+        assert not await s.put(groups[-1])  # a duplicate inside the window is still refused
+        return s
+
+    s = asyncio.run(go())
+    assert len(s.delivered) == 4 and len(s.samples) <= 32 and s.duplicates == 1
+    mgr = make_manager(max_events=5)
+    for i in range(12):
+        mgr.log("s-0", EngineEvent.DEAD, str(i))
+    assert len(mgr.events) == 5 and [e.detail for e in mgr.events_since(10)] == ["10", "11"]
+    assert HealthMonitor(None, None, 1, 1, history=3).history.maxlen == 3

@@ -15,6 +15,7 @@ from rollout import config as rconfig  # noqa: E402
 from rollout.engines.engine_launch import free_port  # noqa: E402
 from rollout.engines.lifecycle import group_pids  # noqa: E402
 from rollout.manager import RolloutManager, group_record  # noqa: E402
+from rollout.states import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream, RayGroupQueue  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,10 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
             # kill the actor: the engine process dies with it; the manager restarts a new actor
             t_kill = time.monotonic()
             first.kill_actor()
-            while not any(w.startswith("dead") for _, _, w in mgr.events):
+            while not mgr.count(EngineEvent.DEAD):
                 await asyncio.sleep(0.05)
             assert time.monotonic() - t_kill < 3.0
-            while not any("re-admitted" in w for _, _, w in mgr.events):
+            while not mgr.count(EngineEvent.READMITTED):
                 await asyncio.sleep(0.5)
             second = mgr.engines["tiny-0"]
             engines_seen.append(second)

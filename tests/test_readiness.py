@@ -7,6 +7,7 @@ checks against real SGLang engines are in tests/test_manager_engines.py.
 """
 import asyncio
 import json
+import os
 import socket
 import sys
 import time
@@ -19,11 +20,23 @@ if __name__ != "__main__":
     from rollout.config import EngineSpec
     from rollout.engines.health import HealthMonitor
     from rollout.engines.lifecycle import EngineStartError, LocalBackend
-    from rollout.engines.readiness import PHASES, ReadinessError, wait_ready
+    from rollout.engines.readiness import PHASES, ReadinessError, dp_ranks, wait_ready
     from training_configs.schema import EngineGroup, ReadinessBudgets
 
 
 # ----------------------------------------------------------------------------- the stand-in server
+FACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "facts")
+# /server_info of SGLang 0.5.15.post1 and 0.5.16 (no CPU engine of theirs runs here; read from their code):
+# http_server.server_info returns dataclasses.asdict(server_args), and their ServerArgs keeps dp_size
+# as given (never reset under DP attention) and has no attn_dp_size field.
+SERVER_INFO_0515 = {"dp_size": 2, "enable_dp_attention": True, "tp_size": 2}
+
+
+def _fact(name):
+    with open(os.path.join(FACTS, f"sglang-0.5.23-{name}.json")) as fh:
+        return json.load(fh)
+
+
 def _serve(mode: str, port: int) -> None:
     print(f"stand-in server: mode {mode}", flush=True)
     if mode == "exit":
@@ -53,14 +66,19 @@ def _serve(mode: str, port: int) -> None:
                 return self._send(200, {"weight_version": "default"})
             if self.path == "/ready":
                 return self._send(503 if mode == "hang" else 200)
-            if self.path == "/server_info":
-                return self._send(200, {"dp_size": 2, "enable_dp_attention": True})
+            if self.path == "/server_info":  # as recorded from real SGLang 0.5.23 (tests/facts/)
+                info = {"ok-0515": SERVER_INFO_0515, "ok-plain": None}.get(mode, _fact("dp-attn")["server_info"])
+                return self._send(200, info or _fact("dp-plain")["server_info"])
             return self._send(200)
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            print(f"generate dp_rank={body.get('routed_dp_rank')}", flush=True)
-            self._send(200, {"meta_info": {"completion_tokens": 1}})
+            rank = body.get("routed_dp_rank")
+            print(f"generate dp_rank={rank}", flush=True)
+            if rank is not None and rank >= 2:  # the recorded answer to an out-of-range rank
+                return self._send(400, json.loads(_fact("dp-attn")["out_of_range"]["text"]))
+            served = 0 if mode == "one-rank" else rank  # one-rank: routing ignored, rank 0 serves all
+            self._send(200, {"meta_info": {"completion_tokens": 1, "dp_rank": served}})
 
     ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 
@@ -71,6 +89,9 @@ if __name__ == "__main__":
 
 
 # ----------------------------------------------------------------------------- helpers
+pytestmark = pytest.mark.timeout(60)   # stand-in processes: every budget here is a few seconds
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,12 +124,31 @@ def _run(engine, budgets=BUDGETS):
 
 
 # ----------------------------------------------------------------------------- tests
-def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path):
-    eng = _backend(tmp_path, "ok").start(_spec(_free_port()))
+def test_dp_ranks_from_each_versions_server_info():
+    """0.5.23 (recorded): DP attention reports dp_size 1 and attn_dp_size N; plain --dp-size reports
+    dp_size N and attn_dp_size 1; one rank reports 1 and 1. 0.5.15.post1/0.5.16: dp_size N either way."""
+    assert _fact("dp-attn")["server_info"]["dp_size"] == 1  # the trap: reading dp_size alone probes rank 0 only
+    assert dp_ranks(_fact("dp-attn")["server_info"]) == 2
+    assert dp_ranks(_fact("abort")["server_info"]) == 1
+    assert dp_ranks(_fact("dp-plain")["server_info"]) == 2
+    assert dp_ranks(SERVER_INFO_0515) == 2 and dp_ranks({"dp_size": 2, "enable_dp_attention": False}) == 2
+
+
+@pytest.mark.parametrize("mode", ["ok", "ok-plain", "ok-0515"])  # 0.5.23 DP attention / plain DP, 0.5.15-16
+def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path, mode):
+    eng = _backend(tmp_path, mode).start(_spec(_free_port()))
     info = _run(eng)
     assert info.dp_size == 2 and list(info.phase_s) == [p.label for p in PHASES]
+    assert info.rank_answers == {0: 0, 1: 1}  # each probe came back from the rank it was pinned to
     log = open(eng.log_path).read()
     assert "generate dp_rank=0" in log and "generate dp_rank=1" in log
+
+
+def test_a_probe_served_by_another_rank_fails_at_once(tmp_path):
+    eng = _backend(tmp_path, "one-rank").start(_spec(_free_port()))
+    with pytest.raises(ReadinessError, match=r"phase 'one-token probe on every DP rank'.*"
+                                             r"DP rank 1: the probe was served by DP rank 0"):
+        _run(eng)
 
 
 def test_exit_during_startup_names_phase_and_log(tmp_path):

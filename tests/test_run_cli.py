@@ -70,6 +70,45 @@ def test_bad_arguments(tmp_path, capsys):
     assert "--output: directory" in err
 
 
+def test_existing_output_resume_and_fraction_arguments(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"group_id": "x-g0"}\n')
+    err = _run_bad(capsys, ["run", "--config", TINY, "--output", str(out)])
+    assert "already holds 1 line(s); continue it with --resume" in err and out.read_text() == '{"group_id": "x-g0"}\n'
+    assert "r.jsonl.run.json not found" in _run_bad(capsys, ["run", "--resume", str(out)])
+    assert "expected a number in [0, 1], got 2" in _run_bad(capsys, ["run", "--config", TINY, "--max-failed-fraction", "2"])
+    assert "--config is required (or --resume OUTPUT)" in _run_bad(capsys, ["run"])
+    (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"run_id": "a", "config": TINY, "seed": 0, "num_groups": 4}))
+    err = _run_bad(capsys, ["run", "--resume", str(out), "--num-groups", "5"])
+    assert "--num-groups 5 differs from the run being resumed (4); drop it" in err
+
+
+def _verdict(capsys, records, fraction, written=2, lost=None):
+    from types import SimpleNamespace
+
+    from rollout.cli.run import _verdict
+
+    args = SimpleNamespace(max_failed_fraction=fraction, output="o.jsonl")
+    from rich.console import Console
+
+    rc = _verdict(Console(stderr=True), None, None, lost,
+                  records, {"num_groups": 2, "run_id": "r"}, written, args, 0.0, 0.0)
+    return rc, capsys.readouterr().err
+
+
+def test_exit_1_when_more_than_the_failed_fraction_failed(capsys):
+    recs = {"samples": 4, "failed": 1, "reasons": {"routed experts: 3 rows, expected 5": 1}}
+    rc, err = _verdict(capsys, recs, 0.0)
+    assert rc == 1 and ("error: 1 of 4 samples failed (25.0% > --max-failed-fraction 0); most common: "
+                        "routed experts: 3 rows, expected 5 (x1)") in err
+    assert _verdict(capsys, recs, 0.25)[0] == 0
+    rc, err = _verdict(capsys, {"samples": 2, "failed": 0, "reasons": {}}, 0.0, written=1)
+    assert rc == 1 and "error: 1 of 2 group(s) have no line in o.jsonl" in err and "--resume o.jsonl" in err
+    rc, err = _verdict(capsys, {"samples": 0, "failed": 0, "reasons": {}}, 0.0, written=0,
+                       lost=RuntimeError("every engine is lost: tiny-0: process killed by signal SIGKILL"))
+    assert rc == 1 and "error: every engine is lost: tiny-0: process killed by signal SIGKILL" in err
+
+
 @pytest.mark.e2e
 def test_demo_two_engines(tmp_path):
     """Exactly what `make demo` runs, with the output in a temp dir."""
@@ -85,7 +124,7 @@ def test_demo_two_engines(tmp_path):
     for ln in lines:
         for s in ln["samples"]:
             assert s["routed_experts"]["shape"][1:] == [2, 4] and s["routed_experts"]["sha256"]
-    assert "groups delivered" in p.stderr and "4 / 4" in p.stderr
+    assert "groups written" in p.stderr and "4 / 4" in p.stderr
 
 
 @pytest.mark.slow
@@ -110,3 +149,66 @@ def test_engine_exit_during_startup_real_sglang(tmp_path):
     assert "no-such-flag" in log
     out = subprocess.run(["pgrep", "-f", "--", "--no-such-flag"], capture_output=True, text=True)
     assert out.stdout.strip() == ""
+
+
+def _free_base_port():
+    from rollout.engines.engine_launch import free_port
+
+    return free_port()
+
+
+def _wait(cond, budget_s, what):
+    import time
+
+    end = time.monotonic() + budget_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {budget_s} s")
+        time.sleep(0.5)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)   # two engine starts on a loaded 2-core machine
+def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
+    """kill -9 of `run` mid-way (its engines die with it), then `run --resume OUTPUT`: the lines
+    left plus the lines added are every requested group exactly once, under the run's one id."""
+    import signal
+
+    d = _tiny()
+    d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
+    d["engine_groups"][0]["engines"] = 1
+    d["rollout"]["sampling"]["max_new_tokens"] = 48
+    d["rollout"]["base_port"] = _free_base_port()
+    cfg, out, n = _write(tmp_path, d, "kill.yaml"), tmp_path / "r.jsonl", 12
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    lines = lambda: out.read_text().count("\n") if out.exists() else 0  # noqa: E731
+    with open(tmp_path / "run1.err", "w") as err:
+        p = subprocess.Popen([cli, "run", "--config", cfg, "--num-groups", str(n), "--output", str(out)],
+                             cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+        try:
+            _wait(lambda: lines() >= 2 or p.poll() is not None, 900, "2 groups written")
+            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    before = lines()
+    assert 2 <= before < n, f"{before} lines before the kill: make the run longer"
+    run_id = json.loads((tmp_path / "r.jsonl.run.json").read_text())["run_id"]
+    _wait(lambda: subprocess.run(["pgrep", "-f", "--", f"--port {d['rollout']['base_port']}"],
+                                 capture_output=True).returncode != 0, 60, "the killed run's engine gone")
+    p2 = subprocess.run([cli, "run", "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    ids = [json.loads(ln)["group_id"] for ln in out.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"{run_id}-g{i}" for i in range(n))  # every group, exactly once
+    assert f"{n} / {n} ({n - before} in this run)" in p2.stderr
+
+
+def test_resume_of_a_finished_run_starts_nothing(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"run_id": "a", "config": TINY, "seed": 0, "num_groups": 2}))
+    out.write_text('{"group_id": "a-g0"}\n{"group_id": "a-g1"}\n')
+    assert main(["run", "--resume", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
+    assert "nothing to run: all 2 group(s) of run a have a line" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")

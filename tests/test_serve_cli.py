@@ -141,18 +141,26 @@ def test_serve_one_engine_until_sigterm(tmp_path):
                 os.kill(p, signal.SIGKILL)
 
 
-class _StandInManager:
-    """STAND-IN for RolloutManager in the supervision loop: an event list and a recorded stop()."""
+def _StandInManager(names):
+    """A real RolloutManager that starts nothing (its events are what serve supervises); stop() is recorded."""
+    from types import SimpleNamespace
 
-    def __init__(self, names):
-        self.specs = {n: None for n in names}
-        self.events, self.max_restarts, self.stopped = [], 3, False
+    from rollout.manager import RolloutManager
 
-    async def stop(self):
-        self.stopped = True
+    mgr = RolloutManager([SimpleNamespace(name=n) for n in names], None, budgets=None, health=None,
+                         sampling={}, n_samples=1, concurrency=1)
+    mgr.stopped = False
+
+    async def stop():
+        mgr.stopped = True
+
+    mgr.stop = stop
+    return mgr
 
 
 def test_supervise_reports_events_and_stops_on_signal(capsys):
+    from rollout.states import EngineEvent
+
     import asyncio
 
     from rich.console import Console
@@ -163,8 +171,8 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
         mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
         task = asyncio.create_task(_supervise(mgr, stop, Console(stderr=True)))
         await asyncio.sleep(0.1)   # start-up events (before supervising) are not repeated
-        mgr.events += [(0, "tiny-0", "dead: process killed by signal SIGKILL; 2 in-flight request(s) re-sent"),
-                       (0, "tiny-0", "re-admitted after restart 1")]
+        mgr.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
+        mgr.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
         await asyncio.sleep(0.7)
         stop.set()
         return await task, mgr
@@ -172,10 +180,12 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
     rc, mgr = asyncio.run(go())
     err = capsys.readouterr().err
     assert rc == 0 and mgr.stopped
-    assert "tiny-0: dead: process killed by signal SIGKILL" in err and "tiny-0: re-admitted after restart 1" in err
+    assert "tiny-0: dead: process killed by signal SIGKILL" in err and "tiny-0: re-admitted: restart 1 passed" in err
 
 
 def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
+    from rollout.states import EngineEvent
+
     import asyncio
 
     from rich.console import Console
@@ -186,9 +196,14 @@ def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
         mgr = _StandInManager(["tiny-0"])
         task = asyncio.create_task(_supervise(mgr, asyncio.Event(), Console(stderr=True)))
         await asyncio.sleep(0.1)
-        mgr.events.append((0, "tiny-0", "given up after 3 restarts"))
+        mgr.log("tiny-0", EngineEvent.GIVEN_UP, "3 restart(s) failed (last: HTTP up not reached)")
+        await asyncio.sleep(0.7)
+        assert not task.done()  # giving up one engine is not the verdict: the manager's ALL_LOST is
+        mgr.log("tiny-0", EngineEvent.ALL_LOST, "every engine is lost: tiny-0: HTTP up not reached")
         return await asyncio.wait_for(task, 5), mgr
 
     rc, mgr = asyncio.run(go())
+    err = capsys.readouterr().err
     assert rc == 1 and mgr.stopped
-    assert "every engine was given up" in capsys.readouterr().err
+    assert "tiny-0: given up: 3 restart(s) failed (last: HTTP up not reached)" in err
+    assert "error: every engine is lost: tiny-0: HTTP up not reached" in err

@@ -99,8 +99,9 @@ def _launch(args) -> int:
             print(f"serving at {eng.url} (API key in the 0600 file {eng.proc.secret_path}); Ctrl-C stops it")
             while eng.alive():
                 time.sleep(1)
-    except (RuntimeError, TimeoutError) as e:
-        raise CliError(str(e).splitlines()[0]) from None
+    except (RuntimeError, TimeoutError) as e:  # the engine did not start: its log tail, one line, exit 1
+        from rollout.cli.console import start_failure, stderr_console
+        return start_failure(stderr_console(), e, log_tail=eng.log_tail())
     finally:
         left = eng.stop()
         print(f"stopped; processes left: {left or 'none'}")

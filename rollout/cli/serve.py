@@ -17,6 +17,9 @@ import signal
 import sys
 import time
 
+from rollout.cli.console import say as _say
+from rollout.states import EngineEvent
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="start the engines and keep them up for slime to attach (managed mode)",
@@ -51,10 +54,6 @@ def main(args) -> int:
     return asyncio.run(_serve(cfg, model_path, args))
 
 
-def _say(console, text: str) -> None:
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
 class _LineView:
     """Readiness of restarted engines, one stderr line per phase (the start-up uses a progress bar)."""
 
@@ -81,23 +80,20 @@ def _write_key(log_dir: str, key: str) -> str:
 
 
 async def _serve(cfg, model_path: str, args) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.engines.lifecycle import EngineStartError
     from rollout.manager import RolloutManager
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.cli.run import _backend
     from training_configs.render import render
 
-    console = Console(stderr=True)
+    console = stderr_console()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
+    progress = progress_bar(console)
     mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path,
                                      view=RichView(progress))
     t0 = time.monotonic()
@@ -121,41 +117,34 @@ async def _serve(cfg, model_path: str, args) -> int:
             progress.stop()
             if not isinstance(err, (ReadinessError, EngineStartError)):
                 raise err
-            for line in getattr(err, "log_tail", [])[-15:]:
-                _say(console, f"  | {line}")
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+            return start_failure(console, err)
     mgr.view = _LineView(console)
     print(render(cfg, "external-addrs"), flush=True)
     key_note = "api key from rollout.api_key"
     if not cfg.rollout.api_key:
         key = next(iter(mgr.specs.values())).api_key
         key_note = f"generated api key in {_write_key(args.log_dir, key)}"
-    console.print(f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
-                  f"supervising until SIGINT/SIGTERM", markup=False, highlight=False, soft_wrap=True)
+    _say(console, f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
+                  f"supervising until SIGINT/SIGTERM")
     return await _supervise(mgr, stop, console)
 
 
 async def _supervise(mgr, stop: asyncio.Event, console) -> int:
     """Report the manager's events (deaths, restarts) until a signal or until every engine is given up."""
-    seen, given_up, rc = len(mgr.events), set(), 0
+    seen, rc = (mgr.events[-1].seq + 1 if mgr.events else 0), 0
     try:
-        while not stop.is_set():
+        while not stop.is_set() and rc == 0:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
             except asyncio.TimeoutError:
                 pass
-            for _, engine, what in mgr.events[seen:]:
-                _say(console, f"{engine}: {what}")
-                if what.startswith("given up"):
-                    given_up.add(engine)
-                elif what.startswith("re-admitted"):
-                    given_up.discard(engine)
-            seen = len(mgr.events)
-            if given_up and given_up >= set(mgr.specs):
-                print(f"error: every engine was given up after {mgr.max_restarts} restarts", file=sys.stderr)
-                rc = 1
-                break
+            for ev in mgr.events_since(seen):
+                seen = ev.seq + 1
+                if ev.kind == EngineEvent.ALL_LOST:   # the manager's verdict: nothing left to supervise
+                    print(f"error: {ev.detail}", file=sys.stderr)
+                    rc = 1
+                else:
+                    _say(console, f"{ev.engine}: {ev}")
     finally:
         _say(console, "stopping the engines")
         await mgr.stop()

@@ -8,6 +8,7 @@ probes, or at once when its process is gone (checked every 0.25 s).
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from typing import Awaitable, Callable
 
@@ -33,12 +34,13 @@ def http_probe(session: aiohttp.ClientSession, timeout_s: float) -> Probe:
 
 class HealthMonitor:
     def __init__(self, probe: Probe, on_dead: OnDead, interval_s: float, failures: int,
-                 alive_poll_s: float = 0.25):
+                 alive_poll_s: float = 0.25, history: int = 1000):
         self.probe, self.on_dead = probe, on_dead
         self.interval_s, self.failures, self.alive_poll_s = interval_s, failures, alive_poll_s
         self.watched: dict[str, object] = {}
         self.fails: dict[str, int] = {}
-        self.history: list[tuple[str, bool, str]] = []  # (engine, ok, detail), for tests and logs
+        # (engine, ok, detail), for tests and logs; bounded: a long `serve` probes forever
+        self.history: collections.deque = collections.deque(maxlen=history)
         self._next_probe: dict[str, float] = {}
         self._busy: set[str] = set()
         self._task: asyncio.Task | None = None

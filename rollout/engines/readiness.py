@@ -4,7 +4,10 @@
   DP rank (`routed_dp_rank`) -> admitted
 
 Every poll (<= 0.2 s apart, also while an HTTP call is pending) checks that the process is still
-alive, so a death is seen within 1 s. A failure raises `ReadinessError`: one line naming the engine,
+alive, so a death is seen within 1 s. The DP ranks to probe come from `/server_info` as each
+reviewed SGLang reports them (`dp_ranks`); each probe must come back from the rank it was pinned to
+when the answer names its rank (`meta_info.dp_rank`), so a probe that every rank answers from rank 0
+cannot pass for all of them. A failure raises `ReadinessError`: one line naming the engine,
 the phase, its budget and the cause, with the last lines of the engine's log attached.
 """
 from __future__ import annotations
@@ -47,11 +50,28 @@ class _Dead(Exception):
     pass
 
 
+class WrongRank(RuntimeError):
+    """A probe pinned to one DP rank came back from another."""
+
+
 @dataclass
 class ReadyInfo:
-    dp_size: int
+    dp_size: int                                 # DP ranks probed (routed_dp_rank 0..dp_size-1)
     weight_version: Optional[str]
     phase_s: dict = field(default_factory=dict)  # label -> seconds spent
+    rank_answers: dict = field(default_factory=dict)  # probed rank -> `meta_info.dp_rank` of its answer
+
+
+def dp_ranks(server_info: dict) -> int:
+    """How many `routed_dp_rank` targets an engine has, from its `/server_info`.
+
+    SGLang 0.5.23 resolves `--dp-size N --enable-dp-attention` to dp_size 1 and attn_dp_size N and
+    routes over dp_size * attn_dp_size ranks (one of the two is 1; tests/facts/). 0.5.15.post1 and
+    0.5.16 report their ServerArgs as given (dp_size N, no attn_dp_size) and route over dp_size,
+    with or without DP attention.
+    """
+    dp = int(server_info.get("dp_size") or 1)
+    return dp * int(server_info.get("attn_dp_size") or 1)
 
 
 def auth_headers(api_key: str | None) -> dict:
@@ -115,8 +135,9 @@ async def _get(session, engine, path, deadline):
         return r.status, body
 
 
-async def probe_dp_rank(session, engine, rank: Optional[int], timeout_s: float, token_id: int = 1) -> None:
-    """A one-token greedy /generate pinned to one DP rank; raises on anything but a token back."""
+async def probe_dp_rank(session, engine, rank: Optional[int], timeout_s: float, token_id: int = 1) -> Optional[int]:
+    """A one-token greedy /generate pinned to one DP rank; raises on anything but a token back from
+    that rank. Returns the rank the answer names (`meta_info.dp_rank`; None when it names none)."""
     payload = {"input_ids": [token_id], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
     if rank is not None:
         payload["routed_dp_rank"] = rank
@@ -126,8 +147,13 @@ async def probe_dp_rank(session, engine, rank: Optional[int], timeout_s: float, 
             text = (await r.text())[:200].replace("\n", " ")
             raise RuntimeError(f"DP rank {rank}: HTTP {r.status} {text}")
         out = await r.json()
-    if not out.get("meta_info", {}).get("completion_tokens", 0) >= 1:
+    meta = out.get("meta_info", {})
+    if not meta.get("completion_tokens", 0) >= 1:
         raise RuntimeError(f"DP rank {rank}: no token generated")
+    served = meta.get("dp_rank")
+    if rank is not None and served is not None and int(served) != rank:
+        raise WrongRank(f"DP rank {rank}: the probe was served by DP rank {served}")
+    return served
 
 
 async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
@@ -204,15 +230,15 @@ async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tu
 
 
 async def _read_dp_size(session, engine, info: ReadyInfo, deadline) -> None:
-    """DP size from /server_info (a scheduler round trip, so not on the path to /health_generate)."""
+    """DP ranks from /server_info (a scheduler round trip, so not on the path to /health_generate);
+    the spec's dp stays when the answer does not parse."""
     status, body = await _get(session, engine, "/server_info", deadline)
     if status in (401, 403):
         raise _Fatal(f"API key rejected by the server (HTTP {status} on /server_info)")
     if status == 200:
         try:
-            srv = json.loads(body)
-            info.dp_size = int(srv.get("dp_size") or 1) if srv.get("enable_dp_attention") else 1
-        except (ValueError, TypeError):
+            info.dp_size = dp_ranks(json.loads(body))
+        except (ValueError, TypeError, AttributeError):
             pass
 
 
@@ -253,5 +279,9 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
         bad = [str(r) for r in results if isinstance(r, BaseException)]
         if any(" 401 " in b or " 403 " in b for b in bad):
             raise _Fatal(f"API key rejected by the server ({bad[0][:120]})")
+        wrong = [str(r) for r in results if isinstance(r, WrongRank)]
+        if wrong:
+            raise _Fatal("; ".join(wrong)[:200])   # routing is wrong: waiting will not fix it
+        info.rank_answers = dict(zip(ranks, results))
         return not bad, "; ".join(bad)[:200] or "ok"
     raise ValueError(key)

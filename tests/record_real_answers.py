@@ -1,0 +1,131 @@
+"""Record what real SGLang answers to the manager, as facts for the stand-ins (tests/facts/*.json).
+
+    flock /tmp/engine.lock timeout 1200 .venv/bin/python tests/record_real_answers.py [abort|dp-attn|dp-plain ...]
+
+abort:    one rank, routed experts, --max-running-requests 1; three long requests at once (one runs,
+          two are queued), then `/abort_request {"abort_all": true}`: what each request gets back.
+dp-attn:  tp 2 / dp 2 --enable-dp-attention; `/server_info`'s DP fields and the answer to a one-token
+          probe pinned to each rank with `routed_dp_rank`.
+dp-plain: tp 1 / dp 2 (two replicas, no DP attention); the same.
+Nothing here is asserted: the file records; tests read the facts.
+"""
+import json
+import os
+import sys
+import threading
+import time
+
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+FACTS = os.path.join(ROOT, "tests", "facts")
+SERVER_INFO_KEYS = ("version", "dp_size", "attn_dp_size", "enable_dp_attention", "tp_size",
+                    "max_running_requests", "enable_return_routed_experts")
+
+
+def _engine(opts, name):
+    from rollout.engines.engine_launch import launch
+
+    os.makedirs("/tmp/record-real-answers", exist_ok=True)
+    eng = launch(opts, f"/tmp/record-real-answers/{name}.log")
+    eng.wait_ready(600, on_tick=lambda s: print(f"{name}: starting, {s:.0f} s", flush=True) if int(s) % 30 == 0 else None)
+    return eng
+
+
+def _server_info(eng) -> dict:
+    info = requests.get(eng.url + "/server_info", headers=eng.headers(), timeout=60).json()
+    return {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
+
+
+def _shape(body: dict) -> dict:
+    """The answer as the manager sees it, with the long lists replaced by their lengths."""
+    meta = dict(body.get("meta_info", {}))
+    out = {"meta_info_keys": sorted(meta), "finish_reason": meta.get("finish_reason"),
+           "output_ids_len": len(body.get("output_ids") or []),
+           "output_token_logprobs_len": len(meta.get("output_token_logprobs") or []),
+           "completion_tokens": meta.get("completion_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
+           "routed_experts_present": meta.get("routed_experts") is not None}
+    if meta.get("routed_experts") is not None:
+        import pybase64
+        out["routed_experts_int32_count"] = len(pybase64.b64decode(meta["routed_experts"])) // 4
+    for k in ("dp_rank", "weight_version"):
+        if k in meta:
+            out[k] = meta[k]
+    return out
+
+
+def record_abort() -> dict:
+    from rollout.engines.engine_launch import preset
+    from rollout.tiny_model import build_tiny_glm
+
+    eng = _engine(preset("a", build_tiny_glm(), extra_args=["--max-running-requests", "1"]), "abort")
+    try:
+        answers = {}
+
+        def one(i):
+            body = {"input_ids": [10 + i, 11, 12, 13, 14, 15], "rid": f"rec-{i}", "return_logprob": True,
+                    "return_routed_experts": True,
+                    "sampling_params": {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}}
+            r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=600)
+            answers[i] = {"http_status": r.status_code, **_shape(r.json() if r.ok else {"text": r.text})}
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)
+        time.sleep(2.0)  # request 0 decodes, 1 and 2 wait in the queue (max_running_requests 1)
+        r = requests.post(eng.url + "/abort_request", headers=eng.headers(), json={"abort_all": True}, timeout=60)
+        for t in threads:
+            t.join(600)
+        return {"what": "3 requests (max_new_tokens 400, ignore_eos) at once on --max-running-requests 1, "
+                        "then /abort_request abort_all after ~2.6 s",
+                "server_info": _server_info(eng), "abort_http_status": r.status_code,
+                "running": answers.get(0), "queued": [answers.get(1), answers.get(2)]}
+    finally:
+        eng.stop()
+
+
+def record_dp(kind: str) -> dict:
+    from rollout.engines.engine_launch import EngineOptions
+    from rollout.tiny_model import build_tiny_glm
+
+    if kind == "dp-attn":
+        opts = EngineOptions(model_path=build_tiny_glm(), tp=2, dp=2, enable_dp_attention=True,
+                             attention_backend="intel_amx")
+    else:
+        opts = EngineOptions(model_path=build_tiny_glm(), tp=1, dp=2)
+    eng = _engine(opts, kind)
+    try:
+        probes = {}
+        for rank in (0, 1):
+            body = {"input_ids": [1], "routed_dp_rank": rank, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=300)
+            probes[str(rank)] = {"http_status": r.status_code, **_shape(r.json())}
+        r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=300,
+                          json={"input_ids": [1], "routed_dp_rank": 2, "sampling_params": {"max_new_tokens": 1}})
+        return {"what": f"{kind}: /server_info DP fields; a one-token probe per routed_dp_rank (and rank 2)",
+                "argv_dp": {"tp": opts.tp, "dp": opts.dp, "enable_dp_attention": opts.enable_dp_attention},
+                "server_info": _server_info(eng), "probes": probes,
+                "out_of_range": {"http_status": r.status_code, "text": r.text[:300]}}
+    finally:
+        eng.stop()
+
+
+def main(kinds) -> None:
+    import sglang
+
+    os.makedirs(FACTS, exist_ok=True)
+    for kind in kinds:
+        t0 = time.time()
+        rec = record_abort() if kind == "abort" else record_dp(kind)
+        rec["sglang"] = sglang.__version__
+        path = os.path.join(FACTS, f"sglang-{sglang.__version__}-{kind}.json")
+        with open(path, "w") as fh:
+            json.dump(rec, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        print(f"{kind}: recorded in {time.time() - t0:.0f} s -> {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["abort", "dp-attn", "dp-plain"])

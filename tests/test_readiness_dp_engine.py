@@ -1,0 +1,57 @@
+"""Readiness reaches every DP rank of a REAL DP-attention engine (SGLang 0.5.23 on CPU, `make test`).
+
+The lightest engine with two DP ranks: the tiny GLM-4.5, tp 2 / dp 2 with DP attention, nothing else.
+Its `/server_info` says dp_size 1 (attn_dp_size 2), so a probe count read from dp_size alone would
+reach rank 0 only; the test proves from the per-rank answers that both ranks served their probe.
+"""
+import asyncio
+import json
+import os
+
+import aiohttp
+import pytest
+
+from rollout import config as rconfig
+from rollout.engines.engine_launch import free_port
+from rollout.engines.lifecycle import LocalBackend
+from rollout.engines.readiness import wait_ready
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _spec():
+    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu-dpattn.yaml"))
+    g = cfg.engine_groups[0]
+    g.gpus_per_engine, g.tp, g.dp, g.ep, g.moe_dense_tp = 2, 2, 2, 1, None
+    g.enable_dp_lm_head, g.speculative, g.routed_experts = False, None, False
+    for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
+        setattr(cfg.rollout.budgets, k, 600.0)
+    spec = rconfig.engine_specs(cfg, rconfig.resolve_model(cfg, root=ROOT), ports=[free_port()])[0]
+    return cfg, spec
+
+
+def test_every_dp_attention_rank_answers_its_own_probe(tmp_path):
+    cfg, spec = _spec()
+    eng = LocalBackend(str(tmp_path)).start(spec)
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            info = await wait_ready(eng, cfg.rollout.budgets, s)
+            async with s.get(eng.url + "/server_info", headers={"Authorization": f"Bearer {spec.api_key}"},
+                             timeout=aiohttp.ClientTimeout(total=60)) as r:
+                return info, await r.json()
+
+    try:
+        info, server_info = asyncio.run(go())
+    finally:
+        eng.stop()
+    assert eng.leftover_pids() == []
+    with open(os.path.join(ROOT, "tests", "facts", "sglang-0.5.23-dp-attn.json")) as fh:
+        recorded = json.load(fh)["server_info"]
+    # the engine still answers as recorded (the stand-ins in test_readiness.py answer the recording)
+    assert {k: server_info.get(k) for k in ("dp_size", "attn_dp_size", "enable_dp_attention")} == \
+        {k: recorded[k] for k in ("dp_size", "attn_dp_size", "enable_dp_attention")} == \
+        {"dp_size": 1, "attn_dp_size": 2, "enable_dp_attention": True}
+    assert info.dp_size == 2
+    assert info.rank_answers == {0: 0, 1: 1}  # each probe was served by the rank it was pinned to
