@@ -381,9 +381,9 @@ def verify_padding_k4_attn_tp8():
 
 # ---------------------------------------------------------------- runner
 
-def run_all() -> dict:
+def run_all(scenarios=None) -> dict:
     out = {}
-    for name, fn in SCENARIOS.items():
+    for name, fn in (scenarios or SCENARIOS).items():
         try:
             out[name] = fn()
         except Exception as e:  # noqa: BLE001 - a crash is a scenario outcome
@@ -392,7 +392,7 @@ def run_all() -> dict:
     return out
 
 
-def main(state: str) -> None:
+def main(state: str, scenarios=None) -> None:
     if state == "none":
         os.environ["SGLANG_PLUGINS"] = "none"
     elif state == "source":
@@ -402,7 +402,7 @@ def main(state: str) -> None:
     load_plugins()  # SGLang's own entry-point discovery, as in every server process
     from sglang_patches import plugin
 
-    results = run_all()
+    results = run_all(scenarios)
     import sglang
 
     results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
