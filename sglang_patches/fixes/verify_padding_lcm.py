@@ -34,10 +34,15 @@ def align_to_whole_requests(self, *args, **kwargs):
     from sglang.srt.model_executor import forward_batch_info as fbi
     from sglang.srt.runtime_context import max_speculative_num_draft_tokens
 
-    align = alignment(fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
-    if align != fbi.get_parallel().attn_tp_size and self.global_num_tokens_cpu is not None:
-        self.global_num_tokens_cpu = [-(-n // align) * align for n in self.global_num_tokens_cpu]
+    align_counts(self, fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
     return None
+
+
+def align_counts(forward_batch, attn_tp_size: int, draft_tokens) -> None:
+    """Round the gathered per-rank token counts up to whole requests where attn_tp needs it."""
+    align = alignment(attn_tp_size, draft_tokens)
+    if align != attn_tp_size and forward_batch.global_num_tokens_cpu is not None:
+        forward_batch.global_num_tokens_cpu = [-(-n // align) * align for n in forward_batch.global_num_tokens_cpu]
 
 
 def needed(server_args: dict) -> bool:

@@ -1,0 +1,11 @@
+"""verify-padding-lcm on 0.5.16: k comes from the published ServerArgs."""
+from sglang_patches.fixes.verify_padding_lcm import align_counts
+
+
+def align_to_whole_requests(self, *args, **kwargs):
+    """BEFORE ForwardBatch.prepare_mlp_sync_batch (same shape as 0.5.23's hook)."""
+    from sglang.srt.model_executor import forward_batch_info as fbi
+    from sglang.srt.runtime_context import get_server_args
+
+    align_counts(self, fbi.get_parallel().attn_tp_size, get_server_args().max_speculative_num_draft_tokens)
+    return None
