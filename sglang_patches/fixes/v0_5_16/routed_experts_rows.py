@@ -32,7 +32,7 @@ def grow_buffer(original, *args, **kwargs):
         chunked_prefill_size=sa.chunked_prefill_size,
         context_len=getattr(a["model_config"], "context_len", 0) or sa.context_length or 0,
         max_running_requests=a["max_running_requests"],
-        num_dp_ranks=sa.dp_size if re_mod.is_dp_attention_enabled() else 1,
+        num_dp_ranks=sa.dp_size,  # as 0.5.16 scales its own buffer
         attn_tp_size=re_mod.get_parallel().attn_tp_size if re_mod.is_dp_attention_enabled() else 1,
         prefill_graph_tokens=prefill_tokens,
         decode_graph_bs=decode_bs,
