@@ -1,29 +1,55 @@
-"""The DP-attention scenarios on real SGLang 0.5.16 code (Miles' version).
+"""The DP-attention scenarios on real SGLang 0.5.16 code (Miles' version), run like `dp_scenarios.py`
+(plugin / none / source) by tests/test_version_matrix.py in `.venvs/sglang-0.5.16`.
 
-Same protocol and scenario names as `dp_scenarios.py` (0.5.23): run as a script in a fresh
-process, `python tests/dp_scenarios_v0_5_16.py plugin|none|source`, it prints one JSON line.
 0.5.16 differs from 0.5.23 where these scenarios touch it: the DP rank comes from
-`dp_attention._ATTN_DP_RANK`, the schedule numbers from the published ServerArgs, and there
-are no `get_schedule/get_exec/dp_slot_in/padded_extend_real_tokens`. The simulated context
-uses SGLang 0.5.16's own test overrides (`override_server_args`, `get_parallel().override`,
-`get_flags().dp/moe.override`, `get_resources().override`); every function under test is
-SGLang's own. The `dp_buffer_*` scenarios decide seed fix 1 (not needed on 0.5.16).
+`dp_attention._ATTN_DP_RANK`, the schedule numbers from the published ServerArgs, and there are no
+`get_schedule/get_exec/dp_slot_in/padded_extend_real_tokens`. The simulated context uses SGLang
+0.5.16's own test overrides (`override_server_args`, `get_parallel().override`,
+`get_flags().dp/moe.override`, `get_resources().override`); every function under test is SGLang's.
+The `dp_buffer_*` scenarios decide seed fix 1 (`not-needed` on 0.5.16).
+
+EXPECT["0.5.16"]: "fixes" {fix: {scenario: needle the stock detail must contain}}, "guards"
+[scenarios right with and without the plugin], "latent" {scenario: needle}: a defect shape that is
+there with and without the plugin but that no supported configuration reaches (see the guards),
+"registered" (fixes the plugin hooks), "states" (dp-attention fix states in `patches status`).
 """
-import os
 import sys
 from contextlib import ExitStack, nullcontext
 from types import SimpleNamespace
 from unittest import mock
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dp_scenarios import _expect, main  # noqa: E402 - shared runner protocol
+from dp_scenarios import _expect
+from scenario_runner import main, registry
 
-SCENARIOS = {}
+SCENARIOS, scenario = registry()
 
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+EXPECT = {"0.5.16": {
+    "fixes": {
+        "capturer-extent": {
+            "capturer_extent_verify_graph": "stored gathered rows [2, 3, 4, 5, 6, 7, 8, 9]",
+            "capturer_extent_prefill_graph_first": "unsupported operand type(s) for *: 'int' and 'NoneType'",
+            "capturer_extent_prefill_graph_stale_bs": "stored gathered rows [4, 5, 6,",
+        },
+        "routed-experts-rows": {
+            "routed_experts_rows_verify": "16384 rows into 4096: The expanded size of the tensor (4096)",
+            "routed_experts_rows_prefill_graph": "8192 rows into 4096: The expanded size of the tensor (4096)",
+            "routed_experts_rows_unchunked": "8192 rows into 512: The expanded size of the tensor (512)",
+        },
+        "draft-extend-real-rows": {"draft_extend_real_rows": "q.shape[0] (8) does not match qo_indptr[-1] (4)"},
+        "verify-padding-lcm": {
+            "verify_padding_k3_attn_tp8": "8 padded rows, batch_size 2 x k 3 = 6",
+            "verify_padding_k6_attn_tp4": "20 padded rows, batch_size 3 x k 6 = 18",
+        },
+    },
+    "guards": ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "draft_extend_unpadded_untouched",
+               "verify_padding_k4_attn_tp8", "dp_buffer_seed_a2a_none_full_lists", "dp_buffer_seed_deepep_no_reader",
+               "verify_logits_truncation_guard", "heartbeat_reset_guard"],
+    "latent": {"dp_buffer_one_entry_list_latent": "IndexError: list index out of range"},
+    "registered": ["capturer-extent", "routed-experts-rows", "draft-extend-real-rows", "verify-padding-lcm"],
+    "states": {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
+               "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed",
+               "verify-logits-truncation": "upstream", "heartbeat-reset": "upstream"},
+}}
 
 
 def _context(stack, *, dp_rank=0, dp_size=1, attn_tp=1, a2a=None, **server_args):
@@ -464,4 +490,4 @@ def heartbeat_reset_guard():
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], SCENARIOS)
+    main(SCENARIOS, sys.argv[1])
