@@ -80,7 +80,7 @@ def grow_buffer(original, *args, **kwargs):
 
 
 def regrow(capturer, need: int, device) -> None:
-    """Swap a capturer's short device cache (and deepep gather buffer) for `need` rows."""
+    """Swap a capturer's device cache (and scattered-a2a gather buffer) for `need` rows if short."""
     import torch
     from sglang.srt.state_capturer import base
 

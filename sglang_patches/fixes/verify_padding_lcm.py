@@ -30,19 +30,19 @@ def alignment(attn_tp_size: int, draft_tokens) -> int:
     return math.lcm(attn_tp_size, k)
 
 
+def pad_counts(forward_batch, attn_tp_size: int, draft_tokens) -> None:
+    """Align the gathered per-rank token counts to whole requests (no-op when k is harmless)."""
+    align = alignment(attn_tp_size, draft_tokens)
+    if align != attn_tp_size and forward_batch.global_num_tokens_cpu is not None:
+        forward_batch.global_num_tokens_cpu = [-(-n // align) * align for n in forward_batch.global_num_tokens_cpu]
+
+
 def align_to_whole_requests(self, *args, **kwargs):
     from sglang.srt.model_executor import forward_batch_info as fbi
     from sglang.srt.runtime_context import max_speculative_num_draft_tokens
 
-    align_counts(self, fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
+    pad_counts(self, fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
     return None
-
-
-def align_counts(forward_batch, attn_tp_size: int, draft_tokens) -> None:
-    """Round the gathered per-rank token counts up to whole requests where attn_tp needs it."""
-    align = alignment(attn_tp_size, draft_tokens)
-    if align != attn_tp_size and forward_batch.global_num_tokens_cpu is not None:
-        forward_batch.global_num_tokens_cpu = [-(-n // align) * align for n in forward_batch.global_num_tokens_cpu]
 
 
 def needed(server_args: dict) -> bool:

@@ -1,5 +1,5 @@
 """verify-padding-lcm on 0.5.16: k comes from the published ServerArgs."""
-from sglang_patches.fixes.verify_padding_lcm import align_counts
+from sglang_patches.fixes.verify_padding_lcm import pad_counts
 
 
 def align_to_whole_requests(self, *args, **kwargs):
@@ -7,5 +7,5 @@ def align_to_whole_requests(self, *args, **kwargs):
     from sglang.srt.model_executor import forward_batch_info as fbi
     from sglang.srt.runtime_context import get_server_args
 
-    align_counts(self, fbi.get_parallel().attn_tp_size, get_server_args().max_speculative_num_draft_tokens)
+    pad_counts(self, fbi.get_parallel().attn_tp_size, get_server_args().max_speculative_num_draft_tokens)
     return None
