@@ -225,6 +225,22 @@ def routed_experts_rows_default():
 
 # ---------------------------------------------------------------- eager draft extend (seed 000 fix 2)
 
+class PlannedBackend:
+    """An attention backend that checks its query rows against its plan, as flashinfer does."""
+
+    def __init__(self):
+        self.seen = []
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
+        import torch
+
+        self.seen.append(q.shape[0])
+        if q.shape[0] != forward_batch.forward_metadata_planned_num_tokens:
+            raise ValueError(f"q.shape[0] ({q.shape[0]}) does not match qo_indptr[-1] "
+                             f"({forward_batch.forward_metadata_planned_num_tokens})")
+        return torch.ones(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
 def _draft_extend_batch(real, padded, planned):
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -249,22 +265,13 @@ def draft_extend_real_rows():
     import torch
     import sglang.srt.layers.radix_attention as ra
 
-    seen = []
-
-    class PlannedBackend:
-        def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
-            seen.append(q.shape[0])
-            if q.shape[0] != forward_batch.forward_metadata_planned_num_tokens:
-                raise ValueError(f"q.shape[0] ({q.shape[0]}) does not match qo_indptr[-1] "
-                                 f"({forward_batch.forward_metadata_planned_num_tokens})")
-            return torch.ones(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
-
     fb = _draft_extend_batch(real=4, padded=8, planned=4)
     layer = ra.RadixAttention(num_heads=2, head_dim=4, scaling=1.0, num_kv_heads=2, layer_id=0)
     q, k, v = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     backend = PlannedBackend()
+    seen = backend.seen
     try:
         with mock.patch.object(ra, "get_attn_backend", lambda: backend), \
                 forward_context(ForwardContext(attn_backend=backend), forward_batch=fb):
