@@ -172,6 +172,10 @@ def _graph_config(prefill_bs):
     return CudaGraphConfig(prefill=prefill, decode=PhaseConfig())
 
 
+def _speculative(k):
+    return dict(speculative_algorithm="EAGLE", speculative_num_draft_tokens=k) if k else {}
+
+
 class _HostCache:
     """BaseHostCache pins its buffer; a CPU-only torch has no pinned memory."""
 
@@ -184,8 +188,8 @@ def _build_capturer(stack, *, cps, mrr, num_dp, attn_tp, k=None, prefill_bs=None
     import sglang.srt.state_capturer.base as base
     import sglang.srt.state_capturer.routed_experts as re_mod
 
-    _context(stack, dp_size=num_dp, attn_tp=attn_tp, chunked_prefill_size=cps, speculative_num_draft_tokens=k,
-             cuda_graph_config=_graph_config(prefill_bs))
+    _context(stack, dp_size=num_dp, attn_tp=attn_tp, chunked_prefill_size=cps, cuda_graph_config=_graph_config(prefill_bs),
+             **_speculative(k))
     stack.enter_context(mock.patch.object(base, "BaseHostCache", _HostCache))
     model_config = SimpleNamespace(context_len=context_len,
                                    hf_text_config=SimpleNamespace(num_experts_per_tok=8, num_hidden_layers=2))
@@ -337,8 +341,7 @@ def _verify_rows(bs, k, attn_tp):
 
     fb = _verify_batch(bs, k)
     with ExitStack() as stack:
-        sa = _context(stack, dp_size=2, attn_tp=attn_tp, speculative_num_draft_tokens=k,
-                      cuda_graph_config=_graph_config(None))
+        sa = _context(stack, dp_size=2, attn_tp=attn_tp, cuda_graph_config=_graph_config(None), **_speculative(k))
         runner = SimpleNamespace(
             server_args=sa, is_draft_worker=False, model_config=SimpleNamespace(hf_config=SimpleNamespace()),
             attn_backend=SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1))

@@ -5,13 +5,16 @@ the specific defect, SGLang's own `load_plugins()` + these hooks pass): tests/te
 Where 0.5.16's code differs from 0.5.23's the hooks live in this package: no
 `get_schedule/get_exec/max_speculative_num_draft_tokens()` (numbers come from the published
 ServerArgs; `dp_size` stays the DP width), no real-rows path for padded extends
-(`graph_utils.padded_extend_real_tokens`). `capturer-extent` keeps 0.5.23's hooks: both targets have
-0.5.23's signatures and every caller passes `padded_num_tokens` by keyword.
+(`graph_utils.padded_extend_real_tokens`): `draft-extend-real-rows` uses 0.5.15's hook on
+`RadixAttention.forward` (0.5.16 also plans eager draft extend before the MLP-sync padding and marks
+it ready without `replan_equivalent`, so it is never re-planned). `capturer-extent` keeps 0.5.23's
+hooks: both targets have 0.5.23's signatures and every caller passes `padded_num_tokens` by keyword.
 """
 from sglang_patches.fixes import capturer_extent as ce
+from sglang_patches.fixes.v0_5_15 import draft_extend_real_rows as de
 from sglang_patches.registry import Hook, Port
 
-from . import draft_extend_real_rows as de, routed_experts_rows as rr, verify_padding_lcm as vp
+from . import routed_experts_rows as rr, verify_padding_lcm as vp
 
 V = "0.5.16"
 MATRIX = "tests/test_version_matrix.py::test_fix_on_variant"
@@ -28,7 +31,7 @@ PORTS = {
     "routed-experts-rows": {V: Port(
         hooks=(Hook(RE_INIT, rr.grow_buffer),), fingerprints={RE_INIT: "0de345206efde7bb"}, test=MATRIX)},
     "draft-extend-real-rows": {V: Port(
-        hooks=(Hook(RADIX_FORWARD, de.draft_extend_real_rows),), fingerprints={RADIX_FORWARD: "fc2146f2662a02d7"},
+        hooks=(Hook(RADIX_FORWARD, de.attention_on_planned_rows),), fingerprints={RADIX_FORWARD: "fc2146f2662a02d7"},
         test=MATRIX)},
     "verify-padding-lcm": {V: Port(
         hooks=(Hook(PREPARE_MLP_SYNC, vp.align_to_whole_requests, "before"),),

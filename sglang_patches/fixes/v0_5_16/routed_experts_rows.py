@@ -1,4 +1,5 @@
-"""routed-experts-rows on 0.5.16: the sizing inputs come from the published ServerArgs.
+"""routed-experts-rows on 0.5.16: the sizing inputs come from the published ServerArgs
+(`runtime_context.get_server_args`, 0.5.15 reads `get_global_server_args`).
 
 0.5.16 sizes the buffer `max(cps * dp_size, max_running_requests * dp_size)` with the per-rank
 chunked-prefill size (FIXME: verify tokens); prefill-graph buckets are `cuda_graph_config.prefill.bs`
@@ -6,17 +7,7 @@ as given (the DP clamp skips a user-set `--cuda-graph-max-bs-prefill`).
 """
 from sglang_patches.fixes._args import bind
 from sglang_patches.fixes.routed_experts_rows import regrow, rows_needed
-
-
-def _graph_sizes(server_args):
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-
-    cfg = server_args.cuda_graph_config
-    if cfg is None:
-        return (), ()
-    prefill = cfg.prefill.bs if cfg.prefill.backend != Backend.DISABLED and cfg.prefill.bs else ()
-    decode = cfg.decode.bs if cfg.decode.backend != Backend.DISABLED and cfg.decode.bs else ()
-    return tuple(prefill), tuple(decode)
+from sglang_patches.fixes.v0_5_15.routed_experts_rows import _graph_sizes, draft_tokens
 
 
 def grow_buffer(original, *args, **kwargs):
@@ -27,16 +18,17 @@ def grow_buffer(original, *args, **kwargs):
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
     sa = re_mod.get_server_args()
+    dp_attention = re_mod.is_dp_attention_enabled()
     prefill_tokens, decode_bs = _graph_sizes(sa)
     need = rows_needed(
         chunked_prefill_size=sa.chunked_prefill_size,
-        context_len=getattr(a["model_config"], "context_len", 0) or sa.context_length or 0,
+        context_len=getattr(a["model_config"], "context_len", 0),
         max_running_requests=a["max_running_requests"],
-        num_dp_ranks=sa.dp_size,  # as 0.5.16 scales its own buffer
-        attn_tp_size=re_mod.get_parallel().attn_tp_size if re_mod.is_dp_attention_enabled() else 1,
+        num_dp_ranks=sa.dp_size if dp_attention else 1,
+        attn_tp_size=re_mod.get_parallel().attn_tp_size if dp_attention else 1,
         prefill_graph_tokens=prefill_tokens,
         decode_graph_bs=decode_bs,
-        draft_tokens=sa.max_speculative_num_draft_tokens,
+        draft_tokens=draft_tokens(sa),
     )
     regrow(a["self"], need, a["device"])
     return None
