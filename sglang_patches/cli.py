@@ -11,7 +11,8 @@ def add_parser(sub) -> None:
     s.set_defaults(func=cmd_status)
     a = psub.add_parser("apply-source", help="git-apply the fix diffs onto an SGLang source tree")
     a.add_argument("--sglang-dir", required=True, help="an SGLang checkout (python/sglang) or a dir holding sglang/")
-    a.add_argument("--version", default="0.5.23", help="SGLang version of that tree (default 0.5.23)")
+    a.add_argument("--version", default=None,
+                   help="SGLang version or variant of that tree (default: the diff set that fits it)")
     a.add_argument("--check", action="store_true", help="only report what would be done")
     a.set_defaults(func=cmd_apply_source)
 

@@ -24,7 +24,9 @@ Adding a variant (e.g. SGLang 0.5.16):
      VERSION_PACKAGES. `tests/test_patch_registry.py` checks every fix has a port per variant.
   3. `requirements/sglang-0.5.16.txt` (the wheel + pins that differ): `scripts/setup_sglang_env.sh
      0.5.16` builds `.venvs/sglang-0.5.16`; add it to MATRIX_ENVS in the Makefile and the variant's
-     scenarios (`tests/dp_scenarios_v0_5_16.py`) to tests/test_version_matrix.py.
+     scenarios (`tests/dp_scenarios_v0_5_16.py`, with EXPECT[variant]) to MATRIX in
+     tests/test_version_matrix.py and tests/test_diffs.py.
+  4. `sglang_patches/diffs/0.5.16/NNNN-<fix>.patch` (apply-source picks the set that fits a tree).
 """
 import importlib
 import os

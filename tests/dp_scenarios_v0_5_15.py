@@ -237,7 +237,8 @@ def _verify_rows(bs, k, attn_tp):
     parallel = SimpleNamespace(attn_tp_size=attn_tp, attn_dp_rank=0, attn_dp_size=2)
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(fbi, "get_parallel", lambda: parallel))
-        stack.enter_context(mock.patch.object(sa_mod, "get_global_server_args", lambda: runner.server_args))
+        for mod in (sa_mod, fbi):  # the plugin reads it from server_args, the diff from forward_batch_info
+            stack.enter_context(mock.patch.object(mod, "get_global_server_args", lambda: runner.server_args))
         stack.enter_context(mock.patch.object(cp, "get_cp_padding_align_size", lambda: 1))
         stack.enter_context(mock.patch.object(dpa, "get_attention_dp_size", lambda: 2))
         stack.enter_context(mock.patch.object(fbi, "set_dp_buffer_len", lambda *a, **kw: None))

@@ -89,6 +89,7 @@ def test_real_install_in_a_temporary_venv(tmp_path, sglang):
     with open(os.path.join(site, "zz_base_image.pth"), "w") as fh:
         fh.write(f"import site; site.addsitedir({base_site!r})\n")
     env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)  # the image sees only what is installed in it
     before = sorted(os.listdir(base_site))
     r = _run("--src", str(src), "--python", str(py), env=env, timeout=300, cwd=tmp_path)
     assert sorted(os.listdir(base_site)) == before, "the project venv was modified"
@@ -98,5 +99,5 @@ def test_real_install_in_a_temporary_venv(tmp_path, sglang):
     # installed as a package (not the checkout), with the SGLang plugin entry point
     where = subprocess.run([str(py), "-c", "import rollout, importlib.metadata as m; print(rollout.__file__); "
                             "print([e.name for e in m.entry_points(group='sglang.srt.plugins')])"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+                           capture_output=True, text=True, check=True, cwd=tmp_path, env=env).stdout
     assert str(venv) in where.splitlines()[0] and "slime_moe_rollout" in where
