@@ -32,6 +32,6 @@ def register() -> list:
             _registered.append(fix.name)
         elif verdict.state == "refused":
             logger.warning("slime-moe-rollout: fix %s refused: %s", fix.name, verdict.reason)
-    logger.warning("slime-moe-rollout plugin (SGLang %s): active fixes: %s", found.variant.name,
-                   ", ".join(_registered) or "none")
+    # rollout.engine_launch.PLUGIN_LINE parses this line; `patches status` names the variant.
+    logger.warning("slime-moe-rollout plugin: active fixes: %s", ", ".join(_registered) or "none")
     return list(_registered)

@@ -101,3 +101,15 @@ def test_latent_defect_on_variant(variant, scenario):
     for state in ("none", "plugin"):
         got = res[state][scenario]
         assert not got["ok"] and needle in got["detail"], f"{state}: {got}"
+
+
+@pytest.mark.parametrize("args,env,needle", [
+    (["0.5.99"], {}, "no requirements/sglang-0.5.99.txt (SGLang 0.5.99 has no environment)"),
+    (["0.5.15.post1+slime"], {"SLIME_SRC": ""}, "0.5.15.post1+slime needs SLIME_SRC=<slime checkout>"),
+    (["0.5.15.post1+slime"], {"SLIME_SRC": "/nonexistent"}, "/nonexistent/docker/patch/latest/sglang.patch not found"),
+    (["0.5.15.post1+other"], {}, "unknown variant suffix '+other' (known: +slime)"),
+])
+def test_env_script_bad_input_one_line(args, env, needle):
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup_sglang_env.sh"), *args], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, **env})
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and needle in r.stderr, r.stderr
