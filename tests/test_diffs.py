@@ -18,7 +18,7 @@ from sglang_patches.diffs import patches
 SITE_SGLANG = Path(__import__("importlib.util").util.find_spec("sglang").origin).parent
 PATCHES = patches("0.5.23")
 CLI = [sys.executable, "-m", "rollout.cli", "patches", "apply-source"]
-MATRIX = ["0.5.15.post1", "0.5.15.post1+slime"]
+MATRIX = ["0.5.15.post1", "0.5.15.post1+slime", "0.5.16"]
 
 
 def touched_files(variant="0.5.23"):

@@ -20,6 +20,7 @@ from scenario_runner import ROOT, env_python, run_states
 MATRIX = {
     "0.5.15.post1": "dp_scenarios_v0_5_15",
     "0.5.15.post1+slime": "dp_scenarios_v0_5_15",
+    "0.5.16": "dp_scenarios_v0_5_16",
 }
 REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())
 
@@ -38,7 +39,7 @@ def expect(variant):
 
 
 def cases(kind):
-    return [(v, fix) for v in MATRIX for fix in expect(v)[kind]]
+    return [(v, fix) for v in MATRIX for fix in expect(v).get(kind, ())]
 
 
 _results = {}
@@ -88,6 +89,18 @@ def test_guard_on_variant(variant, guard):
     res = results(variant)
     for state in ("none", "plugin"):
         assert res[state][guard]["ok"], f"{state}: {res[state][guard]}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant,scenario", cases("latent"))
+def test_latent_defect_on_variant(variant, scenario):
+    """A defect shape that no supported configuration reaches (a `not-needed` fix, its guards say
+    why): it shows with and without the plugin, with the specific error."""
+    res = results(variant)
+    needle = expect(variant)["latent"][scenario]
+    for state in ("none", "plugin"):
+        got = res[state][scenario]
+        assert not got["ok"] and needle in got["detail"], f"{state}: {got}"
 
 
 @pytest.mark.parametrize("args,env,needle", [
