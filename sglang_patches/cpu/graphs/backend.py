@@ -72,13 +72,9 @@ def _backend_class():
         """CPU stand-in for one CUDA graph per shape: a recorded callable re-run on static buffers."""
 
         def _setup(self, cuda_graph_runner) -> None:
-            from sglang.srt.runtime_context import get_parallel
-
             self._cuda_graph_runner = cuda_graph_runner
-            self._tp_group = get_parallel().tp_group
             self._fns = {}
             self._outputs = {}
-            self._replaying = False
             self.replays = 0
 
         @contextmanager
@@ -86,8 +82,10 @@ def _backend_class():
             yield  # no graph pool, no capture stream on CPU
 
         def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+            from sglang.srt.runtime_context import get_parallel
+
             for _ in range(2):  # the CUDA backend's warm-ups: one-time setup before the recorded run
-                self._tp_group.barrier()
+                get_parallel().tp_group.barrier()
                 forward_fn()
                 if post_warmup_hook is not None:
                     post_warmup_hook()
@@ -101,10 +99,6 @@ def _backend_class():
         def replay_session(self):
             yield
 
-        @property
-        def replaying(self) -> bool:
-            return self._replaying
-
         def replay(self, shape_key, static_forward_batch, **kwargs):
             from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
 
@@ -112,12 +106,10 @@ def _backend_class():
             # the recorded callable calls layer_model.forward: undo that while re-running it.
             layer_model = getattr(self._cuda_graph_runner, "layer_model", None)
             redirect = layer_model.__dict__.pop("forward", None) if layer_model is not None else None
-            self._replaying = True
             try:
                 with model_capture_mode():
                     fresh = self._fns[shape_key]()
             finally:
-                self._replaying = False
                 if redirect is not None:
                     layer_model.forward = redirect
             self.replays += 1

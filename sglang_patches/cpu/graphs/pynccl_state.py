@@ -30,7 +30,7 @@ FIX = Fix(
     ),
     reference="cpu-graph-runners.md item 6",
     versions=("0.5.23",),
-    test="tests/test_cpu_graphs.py::test_decode_graph_dp_equals_eager",
+    test="tests/test_cpu_graphs.py::test_unavailable_pynccl_stays_off_in_capture",
     hooks=(Hook(TARGET, keep_unavailable_off, "around"),),
     fingerprints={"0.5.23": {TARGET: "c6b3a7c9e2c18d9e"}},
     when=graphs_idle_reason,
