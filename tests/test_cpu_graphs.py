@@ -182,3 +182,124 @@ def test_copy_into_rejects_a_changed_shape():
 
     with pytest.raises(RuntimeError, match=r"eager replay: output\[0\] is \(3,\), captured \(4,\)"):
         copy_into((torch.zeros(4),), (torch.zeros(3),))
+
+
+# ---- real engines ---------------------------------------------------------------------------
+
+DECODE_BUCKETS = [1, 2, 4]
+REPLAY_LINE = "Decode graph replay: worker=target key_size={key} (bs) mode={mode} raw_bs={raw}"
+
+
+def with_graphs(opts, prefill=None, disable=()):
+    """`opts` with CPU graph replay on: decode buckets 1/2/4, prefill graphs as given."""
+    from dataclasses import replace
+
+    cfg = {"decode": {"backend": "full", "bs": DECODE_BUCKETS}, "prefill": prefill or {"backend": "disabled"}}
+    env = {**opts.env, ENV: "1", "SGLANG_LOG_DECODE_GRAPH_KEY": "1"}
+    if disable:
+        env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(disable)
+    return replace(opts, env=env, extra_args=[*opts.extra_args, "--cuda-graph-config", json.dumps(cfg)])
+
+
+def greedy_runs(engine, prompts_, n, **extra):
+    """One request alone, then three at once (a batch of 3 pads to the bs-4 graph)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+
+    def one(i):
+        out = generate(engine, prompts_[i % len(prompts_)], n, return_logprob=True, **extra)
+        meta = out["meta_info"]
+        return {"ids": out["output_ids"], "logprobs": [x[0] for x in meta["output_token_logprobs"]],
+                "routed": meta.get("routed_experts"), "out": out}
+
+    first = [one(0)]
+    with ThreadPoolExecutor(3) as ex:
+        return first + list(ex.map(one, range(1, 4)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
+    """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
+    from test_engine_single import check_routed, prompts
+
+    from rollout.engine_launch import preset
+
+    ps = prompts(tiny_match_model)
+    eager = greedy_runs(engine_pool.get("a-match", preset("a", tiny_match_model)), ps, 8)
+    eng = engine_pool.get("a-graphs", with_graphs(preset("a", tiny_match_model)))
+    graphs = greedy_runs(eng, ps, 8)
+    log = eng.log_text()
+    assert "CPU graph replay: DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log
+    assert REPLAY_LINE.format(key=4, mode="DECODE", raw=3) in log, "3 concurrent requests never replayed the bs-4 graph"
+    for i, (e, g) in enumerate(zip(eager, graphs)):
+        assert g["ids"] == e["ids"], f"request {i}: tokens differ from eager"
+        assert g["logprobs"] == e["logprobs"], f"request {i}: logprobs differ from eager"
+        assert g["routed"] == e["routed"], f"request {i}: routed experts differ from eager"
+        check_routed(tiny_match_model, ps[i % len(ps)], g["out"])
+
+
+# ---- configuration (c) with graphs: what each DP-attention fix changes in a running engine ----
+
+DP_RANKS = (0, 1)
+
+
+def c_graph_engine(engine_pool, model, key, disable=()):
+    from rollout.engine_launch import preset
+
+    return engine_pool.get(key, with_graphs(preset("c", model), disable=disable))
+
+
+def per_rank_results(engine, model, n=9):
+    """{rank: [(prompt, out)]}: each prompt pinned to each DP rank, alone, then all at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+    from test_engine_single import prompts
+
+    jobs = [(ids, rank) for rank in DP_RANKS for ids in prompts(model)]
+    res = {rank: [] for rank in DP_RANKS}
+    for ids, rank in jobs[:2]:
+        res[rank].append((ids, generate(engine, ids, n, routed_dp_rank=rank)))
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        outs = list(ex.map(lambda j: generate(engine, j[0], n, routed_dp_rank=j[1]), jobs))
+    for (ids, rank), out in zip(jobs, outs):
+        res[rank].append((ids, out))
+    return res
+
+
+def routed_mismatch(model, ids, out):
+    """None when routed experts equal transformers' router on every token, else the message."""
+    from test_engine_single import check_routed
+
+    try:
+        check_routed(model, ids, out)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def ranks_replaying(log: str, mode: str = "TARGET_VERIFY") -> set:
+    """DP ranks whose log shows a decode-graph replay in `mode` with at least one real request."""
+    lines = [x for x in log.splitlines() if f"mode={mode} raw_bs=" in x and not x.endswith("raw_bs=0")]
+    return {r for r in DP_RANKS if any(f" DP{r} " in x for x in lines)}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
+    """Configuration (c), verify through DecodeCudaGraphRunner replays on both DP ranks: tokens and
+    routed experts equal transformers on every rank and token."""
+    from conftest import hf_greedy
+
+    eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs")
+    res = per_rank_results(eng, tiny_match_model)
+    assert ranks_replaying(eng.log_text()) == set(DP_RANKS)
+    for rank, outs in res.items():
+        for ids, out in outs:
+            assert out["meta_info"]["dp_rank"] == rank
+            assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+            assert out["meta_info"]["spec_accept_length"] >= 2.5
+            assert routed_mismatch(tiny_match_model, ids, out) is None, f"DP rank {rank}"
