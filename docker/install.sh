@@ -10,7 +10,8 @@
 #   --dry-run         print the commands instead of running them
 #
 # torch and SGLang are never installed or changed: they come from the base image. A base whose SGLang
-# is not reviewed (slime's image pins 0.5.15.post1) makes `patches status` refuse, and this script fail.
+# is not a reviewed variant (0.5.23, 0.5.15.post1, 0.5.15.post1 + slime's patches) makes `patches status`
+# refuse, and this script fail.
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,7 +54,7 @@ PYEOF
 # Light dependencies only (pyproject lists no torch/sglang); already-satisfied pins of the image stay.
 run "$PY" -m pip install --no-cache-dir "${BUILD_FLAGS[@]}" "$SRC"
 
-# The gate: every fix for this SGLang must be active (or already upstream / idle on this platform).
+# The gate: every fix for this SGLang must be active (or upstream / not-needed / absent / idle here).
 if [ "$ALLOW_REFUSED" = 1 ]; then
   run "$PY" -m rollout.cli patches status || echo "install.sh: fixes not active (allowed by --allow-refused)"
 else

@@ -10,20 +10,15 @@ correctly. Hooks are process-global, hence one process per state.
 Only the distributed context is simulated (which DP slot this process is, attn_tp size, the
 schedule numbers); every function under test is SGLang's own.
 """
-import json
-import os
 import sys
 import traceback
 from contextlib import ExitStack
 from types import SimpleNamespace
 from unittest import mock
 
-SCENARIOS = {}
+from scenario_runner import main, registry
 
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+SCENARIOS, scenario = registry()
 
 
 # ---------------------------------------------------------------- capturer extent (seed 004)
@@ -230,6 +225,22 @@ def routed_experts_rows_default():
 
 # ---------------------------------------------------------------- eager draft extend (seed 000 fix 2)
 
+class PlannedBackend:
+    """An attention backend that checks its query rows against its plan, as flashinfer does."""
+
+    def __init__(self):
+        self.seen = []
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
+        import torch
+
+        self.seen.append(q.shape[0])
+        if q.shape[0] != forward_batch.forward_metadata_planned_num_tokens:
+            raise ValueError(f"q.shape[0] ({q.shape[0]}) does not match qo_indptr[-1] "
+                             f"({forward_batch.forward_metadata_planned_num_tokens})")
+        return torch.ones(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
 def _draft_extend_batch(real, padded, planned):
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -254,22 +265,13 @@ def draft_extend_real_rows():
     import torch
     import sglang.srt.layers.radix_attention as ra
 
-    seen = []
-
-    class PlannedBackend:
-        def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kw):
-            seen.append(q.shape[0])
-            if q.shape[0] != forward_batch.forward_metadata_planned_num_tokens:
-                raise ValueError(f"q.shape[0] ({q.shape[0]}) does not match qo_indptr[-1] "
-                                 f"({forward_batch.forward_metadata_planned_num_tokens})")
-            return torch.ones(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
-
     fb = _draft_extend_batch(real=4, padded=8, planned=4)
     layer = ra.RadixAttention(num_heads=2, head_dim=4, scaling=1.0, num_kv_heads=2, layer_id=0)
     q, k, v = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     backend = PlannedBackend()
+    seen = backend.seen
     try:
         with mock.patch.object(ra, "get_attn_backend", lambda: backend), \
                 forward_context(ForwardContext(attn_backend=backend), forward_batch=fb):
@@ -379,35 +381,5 @@ def verify_padding_k4_attn_tp8():
     return _verify_rows(bs=1, k=4, attn_tp=8)
 
 
-# ---------------------------------------------------------------- runner
-
-def run_all() -> dict:
-    out = {}
-    for name, fn in SCENARIOS.items():
-        try:
-            out[name] = fn()
-        except Exception as e:  # noqa: BLE001 - a crash is a scenario outcome
-            out[name] = {"ok": False, "detail": f"{type(e).__name__}: {e}",
-                         "trace": traceback.format_exc(limit=-3)}
-    return out
-
-
-def main(state: str) -> None:
-    if state == "none":
-        os.environ["SGLANG_PLUGINS"] = "none"
-    elif state == "source":
-        os.environ["SGLANG_PLUGINS"] = "none"
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()  # SGLang's own entry-point discovery, as in every server process
-    from sglang_patches import plugin
-
-    results = run_all()
-    import sglang
-
-    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
-    print("DP_SCENARIOS_JSON " + json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(SCENARIOS, sys.argv[1])

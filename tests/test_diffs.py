@@ -1,5 +1,7 @@
-"""The `git apply` diffs: they apply to SGLang 0.5.23, are idempotent, refuse edited trees,
-and a patched tree passes the same regression scenarios with no plugin loaded."""
+"""The `git apply` diffs: each variant's set applies to its tree (0.5.23 here; 0.5.15.post1 and the
+slime-patched tree in their version-matrix environments), apply-source picks the set that fits, is
+idempotent and atomic, refuses edited trees, and a patched tree passes the same regression scenarios
+with no plugin loaded."""
 import hashlib
 import os
 import re
@@ -10,27 +12,39 @@ from pathlib import Path
 
 import pytest
 
+from scenario_runner import env_python, run_states
 from sglang_patches.diffs import patches
 
 SITE_SGLANG = Path(__import__("importlib.util").util.find_spec("sglang").origin).parent
 PATCHES = patches("0.5.23")
 CLI = [sys.executable, "-m", "rollout.cli", "patches", "apply-source"]
+MATRIX = ["0.5.15.post1", "0.5.15.post1+slime"]
 
 
-def touched_files():
+def touched_files(variant="0.5.23"):
     files = set()
-    for p in PATCHES:
+    for p in patches(variant):
         files |= set(re.findall(r"^\+\+\+ b/python/sglang/(\S+)$", p.read_text(), re.M))
     return sorted(files)
 
 
-def small_tree(root: Path, checkout: bool) -> Path:
+def env_site(variant):
+    """The sglang package dir of a version-matrix environment (skip when it is not built)."""
+    py = env_python(variant)
+    if not py.exists():
+        if variant in os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split():
+            pytest.fail(f"{py} missing")
+        pytest.skip(f"no environment for SGLang {variant}")
+    return next(py.parent.parent.glob("lib/python*/site-packages/sglang"))
+
+
+def small_tree(root: Path, checkout: bool, variant="0.5.23", site=SITE_SGLANG) -> Path:
     """Only the files the diffs touch, in package or checkout layout."""
     base = root / "python" if checkout else root
-    for f in touched_files():
+    for f in touched_files(variant):
         dst = base / "sglang" / f
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(SITE_SGLANG / f, dst)
+        shutil.copy(site / f, dst)
     return root
 
 
@@ -74,8 +88,40 @@ def test_edited_tree_is_refused_and_left_unchanged(tmp_path):
     before = digest(root)
     r = cli("--sglang-dir", str(root))
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and "0003-draft-extend-real-rows.patch does not apply" in r.stderr
+    assert r.stderr.count("\n") == 1 and "does not apply: 0.5.23: 0003-draft-extend-real-rows.patch;" in r.stderr
     assert digest(root) == before
+
+
+def test_two_diffs_on_one_file_all_or_nothing(tmp_path):
+    """0001 and 0004 both change forward_batch_info.py: a conflict in 0004 leaves 0001 unapplied too."""
+    root = small_tree(tmp_path, checkout=False)
+    f = root / "sglang/srt/model_executor/forward_batch_info.py"
+    f.write_text(f.read_text().replace("ceil_align(global_num_tokens[i], attn_tp_size)",
+                                       "ceil_align(global_num_tokens[i], attn_tp_size)  # local edit"))
+    before = digest(root)
+    r = cli("--sglang-dir", str(root), "--version", "0.5.23")
+    assert r.returncode == 2
+    assert "does not apply: 0.5.23: 0004-verify-padding-lcm.patch" in r.stderr
+    assert digest(root) == before
+
+
+@pytest.mark.parametrize("variant", MATRIX)
+def test_variant_tree_gets_its_own_diff_set(tmp_path, variant):
+    """apply-source tells stock 0.5.15.post1 from slime's patched tree by which set fits."""
+    root = small_tree(tmp_path, checkout=False, variant=variant, site=env_site(variant))
+    first = cli("--sglang-dir", str(root))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(f"tree: SGLang {variant}\n")
+    assert first.stdout.count(": applied") == len(patches(variant))
+    second = cli("--sglang-dir", str(root))
+    assert second.returncode == 0 and second.stdout.count("already applied") == len(patches(variant))
+
+
+def test_slime_tree_needs_its_own_capturer_diff():
+    stock, slime = patches("0.5.15.post1"), patches("0.5.15.post1+slime")
+    assert [p.name for p in stock] == [p.name for p in slime]
+    differ = [a.name for a, b in zip(stock, slime) if a.read_text() != b.read_text()]
+    assert differ == ["0001-capturer-extent.patch"]  # slime's sglang.patch edits those model_runner lines
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -88,27 +134,45 @@ def test_bad_input_one_line(args, needle):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr
 
 
-@pytest.fixture(scope="module")
-def patched_site(tmp_path_factory):
-    """A full importable copy of the installed SGLang (symlinks, touched files copied), patched."""
-    root = tmp_path_factory.mktemp("patched")
-    for d, _, files in os.walk(SITE_SGLANG):
+def patched_copy(root, variant="0.5.23", site=SITE_SGLANG):
+    """A full importable copy of an SGLang package (symlinks, touched files copied), patched."""
+    for d, _, files in os.walk(site):
         if "__pycache__" in d:
             continue
-        out = root / "sglang" / Path(d).relative_to(SITE_SGLANG)
+        out = root / "sglang" / Path(d).relative_to(site)
         out.mkdir(parents=True, exist_ok=True)
         for name in files:
             os.symlink(Path(d) / name, out / name)
-    for f in touched_files():
+    for f in touched_files(variant):
         (root / "sglang" / f).unlink()
-        shutil.copy(SITE_SGLANG / f, root / "sglang" / f)
+        shutil.copy(site / f, root / "sglang" / f)
     r = cli("--sglang-dir", str(root))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and f"tree: SGLang {variant}\n" in r.stdout, r.stderr
     return root
 
 
+@pytest.fixture(scope="module")
+def patched_site(tmp_path_factory):
+    return patched_copy(tmp_path_factory.mktemp("patched"))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("variant", MATRIX)
+def test_patched_variant_tree_passes_its_scenarios_without_plugin(tmp_path, variant):
+    from test_version_matrix import MATRIX as SCRIPTS, expect
+
+    site = env_site(variant)
+    root = patched_copy(tmp_path, variant, site)
+    res = run_states(["source"], script=SCRIPTS[variant] + ".py", python=env_python(variant),
+                     extra_env={"source": {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}},
+                     timeout=580)["source"]
+    assert res["_meta"]["registered"] == [] and res["_meta"]["sglang_path"].startswith(str(root))
+    names = [n for scen in expect(variant)["fixes"].values() for n in scen] + expect(variant)["guards"]
+    for name in names:
+        assert res[name]["ok"], f"{name}: {res[name]['detail']} {res[name].get('trace', '')}"
+
+
 def test_patched_tree_passes_regression_scenarios_without_plugin(patched_site):
-    from scenario_runner import run_states
     from test_dp_fixes import FIX_SCENARIOS, GUARD_SCENARIOS
 
     res = run_states(["source"], extra_env={"source": {"PYTHONPATH": str(patched_site)}})["source"]

@@ -5,7 +5,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
@@ -54,7 +53,22 @@ def test_hadolint_if_available():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_real_install_in_a_temporary_venv(tmp_path):
+BASES = {"0.5.23": None, "0.5.15.post1": "0.5.15.post1"}  # base image SGLang -> matrix env (None: .venv)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sglang", list(BASES))
+def test_real_install_in_a_temporary_venv(tmp_path, sglang):
+    """The "base image" is .venv (0.5.23) or the version-matrix env of 0.5.15.post1 (slime's SGLang)."""
+    from scenario_runner import env_python
+
+    base_py = sys.executable
+    if BASES[sglang]:
+        base_py = str(env_python(BASES[sglang]))
+        if not os.path.exists(base_py):
+            if BASES[sglang] in os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split():
+                pytest.fail(f"{base_py} missing")
+            pytest.skip(f"no environment for SGLang {sglang} (scripts/setup_sglang_env.sh {sglang})")
     # the source tree, as the Dockerfile COPYs it
     src = tmp_path / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
@@ -70,17 +84,20 @@ def test_real_install_in_a_temporary_venv(tmp_path):
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    base_site = sysconfig.get_paths()["purelib"]
+    base_site = subprocess.run([base_py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(site, "zz_base_image.pth"), "w") as fh:
         fh.write(f"import site; site.addsitedir({base_site!r})\n")
     env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)  # the image sees only what is installed in it
     before = sorted(os.listdir(base_site))
     r = _run("--src", str(src), "--python", str(py), env=env, timeout=300, cwd=tmp_path)
     assert sorted(os.listdir(base_site)) == before, "the project venv was modified"
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "install.sh: done" in r.stdout
+    assert f"(variant {sglang});" in r.stdout
     # installed as a package (not the checkout), with the SGLang plugin entry point
     where = subprocess.run([str(py), "-c", "import rollout, importlib.metadata as m; print(rollout.__file__); "
                             "print([e.name for e in m.entry_points(group='sglang.srt.plugins')])"],
-                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+                           capture_output=True, text=True, check=True, cwd=tmp_path, env=env).stdout
     assert str(venv) in where.splitlines()[0] and "slime_moe_rollout" in where

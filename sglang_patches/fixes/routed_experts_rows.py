@@ -55,9 +55,8 @@ def _graph_sizes():
 
 def grow_buffer(original, *args, **kwargs):
     """AROUND RoutedExpertsCapturer.__init__: build as SGLang does, then grow a short buffer."""
-    import torch
     from sglang.srt import runtime_context
-    from sglang.srt.state_capturer import base, routed_experts as re_mod
+    from sglang.srt.state_capturer import routed_experts as re_mod
 
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
@@ -76,19 +75,27 @@ def grow_buffer(original, *args, **kwargs):
         decode_graph_bs=decode_bs,
         draft_tokens=runtime_context.max_speculative_num_draft_tokens(),
     )
-    old = self.device_cache
+    regrow(self, need, a["device"])
+    return None
+
+
+def regrow(capturer, need: int, device) -> None:
+    """Swap a capturer's device cache (and scattered-a2a gather buffer) for `need` rows if short."""
+    import torch
+    from sglang.srt.state_capturer import base
+
+    old = capturer.device_cache
     old_rows = old.buffer.shape[0]
     if old_rows >= need:
-        return None
-    self.device_cache = None
+        return
+    capturer.device_cache = None
     del old.buffer  # free the short buffer before allocating the new one
-    self.device_cache = base.BaseDeviceCache(need, old.num_layers, old.topk_size, a["device"], name=old.name)
-    gather = getattr(self, "gather_buffer", None)
+    capturer.device_cache = base.BaseDeviceCache(need, old.num_layers, old.topk_size, device, name=old.name)
+    gather = getattr(capturer, "gather_buffer", None)
     if gather is not None:  # scattered a2a backends: rows x attn_tp_size, as SGLang sizes it
-        self.gather_buffer = torch.empty(
+        capturer.gather_buffer = torch.empty(
             (gather.shape[0] // old_rows * need, gather.shape[1]), dtype=gather.dtype, device=gather.device
         )
-    return None
 
 
 def needed(server_args: dict) -> bool:

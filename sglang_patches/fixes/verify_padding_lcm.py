@@ -30,13 +30,18 @@ def alignment(attn_tp_size: int, draft_tokens) -> int:
     return math.lcm(attn_tp_size, k)
 
 
+def pad_counts(forward_batch, attn_tp_size: int, draft_tokens) -> None:
+    """Align the gathered per-rank token counts to whole requests (no-op when k is harmless)."""
+    align = alignment(attn_tp_size, draft_tokens)
+    if align != attn_tp_size and forward_batch.global_num_tokens_cpu is not None:
+        forward_batch.global_num_tokens_cpu = [-(-n // align) * align for n in forward_batch.global_num_tokens_cpu]
+
+
 def align_to_whole_requests(self, *args, **kwargs):
     from sglang.srt.model_executor import forward_batch_info as fbi
     from sglang.srt.runtime_context import max_speculative_num_draft_tokens
 
-    align = alignment(fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
-    if align != fbi.get_parallel().attn_tp_size and self.global_num_tokens_cpu is not None:
-        self.global_num_tokens_cpu = [-(-n // align) * align for n in self.global_num_tokens_cpu]
+    pad_counts(self, fbi.get_parallel().attn_tp_size, max_speculative_num_draft_tokens())
     return None
 
 
