@@ -219,6 +219,7 @@ def greedy_runs(engine, prompts_, n, **extra):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(1500)
 def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
