@@ -41,6 +41,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.verify_padding_lcm",
     "sglang_patches.fixes.upstream_guards",
     "sglang_patches.cpu.fixes",
+    "sglang_patches.cpu.graphs",
 )
 MODEL_RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 

@@ -1,0 +1,47 @@
+"""CPU graph replay: SGLang's own CUDA-graph runners executed on CPU (opt-in).
+
+A CPU engine normally runs eagerly (`CPUGraphRunner` refuses DP attention and speculative
+decoding), so the runners' data flow (bucket choice, padding, `fill_from`, capturer extents,
+verify / prefill replays) never runs on CPU. With `SLIME_MOE_ROLLOUT_CPU_GRAPHS=1` on a CPU engine
+these fixes build SGLang's `DecodeCudaGraphRunner` / `PrefillCudaGraphRunner` and give them an
+eager-replay backend (`backend.EagerReplayBackend`): capture records the forward callable and
+its output, replay re-runs it on the runner's static, padded buffers.
+Pick the buckets with SGLang's own flag, e.g.
+`--cuda-graph-config '{"decode":{"backend":"full","bs":[1,2,4]},"prefill":{"backend":"full","bs":[16,32]}}'`.
+Reference: cpu-graph-runners.md.
+
+0.5.15.post1 (read, not ported): the same runner/backend split (`runner/`, `runner_backend/utils.py`
+resolve_decode_backend / resolve_prefill_backend, out_graph metadata prep, the prefill runner's
+isinstance(FullCudaGraphBackend) checks and layer_model.forward redirect), so the same backend
+fits. Different hook targets: the runner is chosen in `ModelRunner.init_decode_cuda_graph`
+(model_runner.py:2620, same cpu/torch.compile early return), torch_native turns graphs off in
+`ServerArgs._handle_attention_backend_compatibility` (server_args.py:4405), and its decode runner
+never asks `is_current_stream_capturing`.
+"""
+import importlib
+import os
+
+ENV = "SLIME_MOE_ROLLOUT_CPU_GRAPHS"
+GRAPH_FIX_MODULES = (
+    "graph_config",
+    "decode_runner",
+    "replay_backend",
+    "attn_graph_hooks",
+    "pynccl_state",
+)
+
+
+def graphs_idle_reason():
+    """None when graph replay was asked for on a CPU engine, else why these fixes stay idle."""
+    from sglang_patches.cpu.fixes import cpu_idle_reason
+
+    if os.environ.get(ENV) != "1":
+        return f"applies only with {ENV}=1"
+    return cpu_idle_reason()
+
+
+def graphs_on() -> bool:
+    return graphs_idle_reason() is None
+
+
+FIXES = [importlib.import_module(f"{__name__}.{m}").FIX for m in GRAPH_FIX_MODULES]

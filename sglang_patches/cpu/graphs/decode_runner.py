@@ -1,0 +1,73 @@
+"""CPU graphs: a CPU engine never builds SGLang's decode graph runner, nor sends it DP batches.
+
+1. `capture_decode_graph` returns no runner on CPU without torch.compile and maps `cpu` to
+   `CPUGraphRunner` (cuda_graph_setup.py, 0.5.23 :735, :774), which refuses DP attention and
+   speculative decoding.
+2. `ModelRunner` asks `ForwardMode.is_cpu_graph` on CPU (model_runner.py :1987), which admits
+   DECODE only: under DP attention an IDLE rank then runs eagerly while its peer replays, and
+   their collectives disagree (gloo: "Received data size doesn't match expected size").
+
+Fix: AROUND `capture_decode_graph`: when SGLang built no runner on a CPU target worker with a
+decode graph configured, build `model_runner._decode_cuda_graph_runner_cls()` (the CUDA
+`DecodeCudaGraphRunner`). AROUND `ForwardMode.is_cpu_graph`: answer as `is_cuda_graph`
+(DECODE, TARGET_VERIFY, IDLE), the modes that runner captures.
+"""
+import logging
+import time
+
+from sglang_patches.registry import Fix, Hook
+
+from . import graphs_idle_reason, graphs_on
+
+CAPTURE = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
+MODE = "sglang.srt.model_executor.forward_batch_info.ForwardMode.is_cpu_graph"
+logger = logging.getLogger("slime_moe_rollout")
+
+
+def wants_decode_runner(model_runner) -> bool:
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    return (
+        model_runner.device == "cpu"
+        and model_runner.is_generation
+        and not model_runner.is_draft_worker
+        and not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+    )
+
+
+def build_decode_runner(original, *args, **kwargs):
+    capture = original(*args, **kwargs)
+    model_runner = kwargs.get("model_runner", args[0] if args else None)
+    if capture.runner is not None or not graphs_on() or not wants_decode_runner(model_runner):
+        return capture
+    import msgspec
+
+    tic = time.perf_counter()
+    runner = model_runner._decode_cuda_graph_runner_cls()(model_runner)
+    took = time.perf_counter() - tic
+    logger.warning("slime-moe-rollout: CPU graph replay: %s captured bs=%s in %.1f s",
+                   type(runner).__name__, runner.capture_bs, took)
+    return msgspec.structs.replace(capture, runner=runner, capture_time=took)
+
+
+def cuda_graph_modes(original, self, *args, **kwargs):
+    if graphs_on():
+        return self.is_cuda_graph()
+    return original(self, *args, **kwargs)
+
+
+FIX = Fix(
+    name="cpu-graphs-decode-runner",
+    family="cpu",
+    defect=(
+        "On CPU, SGLang builds no decode graph runner without torch.compile (or CPUGraphRunner, which refuses "
+        "DP attention and speculative decoding), and dispatches DECODE batches only to it. The CUDA runner's "
+        "decode/verify replay logic never runs on CPU; under DP an IDLE rank would run eagerly beside a replaying peer."
+    ),
+    reference="cpu-graph-runners.md items 1 and 10",
+    versions=("0.5.23",),
+    test="tests/test_cpu_graphs.py::test_decode_graph_one_rank_equals_eager",
+    hooks=(Hook(CAPTURE, build_decode_runner, "around"), Hook(MODE, cuda_graph_modes, "around")),
+    fingerprints={"0.5.23": {CAPTURE: "98b24a36e0212367", MODE: "c7880625d0ba90ef"}},
+    when=graphs_idle_reason,
+)

@@ -1,0 +1,332 @@
+"""CPU graph replay (`sglang_patches/cpu/graphs`): SGLang's own graph runners on a CPU engine.
+
+Fast checks: the backend's capture/replay contract, and each hooked SGLang function called in a
+probe subprocess with and without the plugin (stock SGLang shows the CPU gap, the plugin closes
+it). Slow checks start real engines with `SLIME_MOE_ROLLOUT_CPU_GRAPHS=1` and compare with the
+same engine in eager mode (tokens, logprobs, routed experts) and with transformers.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_patches.cpu.graphs import ENV, FIXES
+from sglang_patches.cpu.graphs.backend import copy_into, make_backend
+from sglang_patches.registry import judge
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBE = r'''
+import json, sys, types
+from sglang.srt.plugins import load_plugins
+load_plugins()
+results = {}
+
+def check(name):
+    def deco(fn):
+        try:
+            results[name] = fn()
+        except Exception as e:
+            results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return fn
+    return deco
+
+@check("graph-config")
+def _():
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.arg_groups.overrides import resolved_view
+    sa = prepare_server_args(["--model-path", sys.argv[1], "--device", "cpu", "--attention-backend", "torch_native",
+                              "--cuda-graph-config", '{"decode":{"backend":"full","bs":[1,2]},"prefill":{"backend":"full","bs":[16]}}'])
+    sa.resolve_once()
+    cfg = resolved_view(sa).cuda_graph_config
+    return [cfg.decode.backend, cfg.prefill.backend]
+
+@check("verify-dispatch")
+def _():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    return [m.name for m in ForwardMode if m.is_cpu_graph()]
+
+@check("attn-fill")
+def _():
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    b = TorchNativeAttnBackend(types.SimpleNamespace(device="cpu", req_to_token_pool=None, token_to_kv_pool=None))
+    b.init_cuda_graph_state(4, 4)
+    return b.get_cuda_graph_seq_len_fill_value()
+
+@check("pynccl-state")
+def _():
+    from sglang.srt.distributed.device_communicators.pynccl import PyNcclCommunicator
+    comm = object.__new__(PyNcclCommunicator)
+    comm.available, comm.disabled = False, True
+    with comm.change_state(enable=True):
+        return "disabled" if comm.disabled else "enabled"
+
+print("PROBE-RESULTS " + json.dumps(results))
+'''
+
+
+def run_probe(model, **env_over) -> dict:
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", **{ENV: "1"})
+    for k in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE"):
+        env.pop(k, None)
+    env.update(env_over)
+    proc = subprocess.run([sys.executable, "-c", PROBE, model], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=400)
+    for line in proc.stdout.splitlines():
+        if line.startswith("PROBE-RESULTS "):
+            return json.loads(line.split(" ", 1)[1])
+    raise AssertionError(f"probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def probes(tiny_match_model):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        stock = ex.submit(run_probe, tiny_match_model, SGLANG_PLUGINS="none")
+        fixed = ex.submit(run_probe, tiny_match_model)
+        return {"stock": stock.result(), "fixed": fixed.result()}
+
+
+@pytest.mark.timeout(600)
+def test_graph_config_kept(probes):
+    assert probes["stock"]["graph-config"] == ["disabled", "disabled"]
+    assert probes["fixed"]["graph-config"] == ["full", "full"]
+
+
+@pytest.mark.timeout(600)
+def test_verify_and_idle_batches_reach_the_graph_runner(probes):
+    assert probes["stock"]["verify-dispatch"] == ["DECODE"]
+    assert set(probes["fixed"]["verify-dispatch"]) >= {"DECODE", "TARGET_VERIFY", "IDLE"}
+
+
+@pytest.mark.timeout(600)
+def test_cpu_attention_backends_get_graph_hooks(probes):
+    assert probes["stock"]["attn-fill"].startswith("NotImplementedError")
+    assert probes["fixed"]["attn-fill"] == 1
+
+
+@pytest.mark.timeout(600)
+def test_unavailable_pynccl_stays_off_in_capture(probes):
+    assert probes["stock"]["pynccl-state"] == "enabled"
+    assert probes["fixed"]["pynccl-state"] == "disabled"
+
+
+def test_graph_fixes_idle_unless_asked(monkeypatch):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.delenv("SLIME_MOE_ROLLOUT_DISABLE", raising=False)
+    monkeypatch.delenv(ENV, raising=False)
+    for fix in FIXES:
+        v = judge(fix, "0.5.23")
+        assert v.state == "idle" and ENV in v.reason, fix.name
+    monkeypatch.setenv(ENV, "1")
+    for fix in FIXES:
+        assert fix.family == "cpu" and judge(fix, "0.5.23").state == "active", fix.name
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE")
+    assert all(judge(f, "0.5.23").state == "idle" for f in FIXES)
+
+
+def test_eager_replay_reruns_on_static_buffers(monkeypatch):
+    """capture: 2 warm-ups + 1 recorded run; replay: the recorded callable again, its result
+    copied into the captured output (fixed tensors, as a graph's)."""
+    import types
+
+    import torch
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    barriers = []
+    monkeypatch.setattr("sglang.srt.runtime_context.get_parallel",
+                        lambda: types.SimpleNamespace(tp_group=types.SimpleNamespace(barrier=lambda: barriers.append(1))))
+    static_in = torch.zeros(4)
+    calls = []
+
+    def forward():
+        calls.append(1)
+        return (static_in * 2, {"h": static_in + 1})
+
+    backend = make_backend(types.SimpleNamespace())
+    assert isinstance(backend, FullCudaGraphBackend)
+    backend.capture_one("bs4", forward)
+    assert len(calls) == 3 and len(barriers) == 2 and backend.can_run(None, "bs4") and not backend.can_run(None, "bs2")
+    captured = backend._outputs["bs4"]
+    static_in.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    out = backend.replay("bs4", None)
+    assert out is captured and out[0].tolist() == [2, 4, 6, 8] and out[1]["h"].tolist() == [2, 3, 4, 5]
+
+
+def test_replay_undoes_the_prefill_forward_redirect(monkeypatch):
+    """The prefill runner points layer_model.forward at a function calling replay()."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr("sglang.srt.runtime_context.get_parallel",
+                        lambda: types.SimpleNamespace(tp_group=types.SimpleNamespace(barrier=lambda: None)))
+
+    class Layers:
+        def forward(self):
+            return torch.ones(2)
+
+    runner = types.SimpleNamespace(layer_model=Layers())
+    backend = make_backend(runner)
+    backend.capture_one("t16", lambda: runner.layer_model.forward())
+    runner.layer_model.forward = lambda: backend.replay("t16", None)
+    assert runner.layer_model.forward().tolist() == [1, 1]  # no recursion
+    assert "forward" in runner.layer_model.__dict__  # the runner's redirect is back for its own restore
+
+
+def test_copy_into_rejects_a_changed_shape():
+    import torch
+
+    with pytest.raises(RuntimeError, match=r"eager replay: output\[0\] is \(3,\), captured \(4,\)"):
+        copy_into((torch.zeros(4),), (torch.zeros(3),))
+
+
+# ---- real engines ---------------------------------------------------------------------------
+
+DECODE_BUCKETS = [1, 2, 4]
+REPLAY_LINE = "Decode graph replay: worker=target key_size={key} (bs) mode={mode} raw_bs={raw}"
+
+
+def with_graphs(opts, prefill=None, disable=()):
+    """`opts` with CPU graph replay on: decode buckets 1/2/4, prefill graphs as given."""
+    from dataclasses import replace
+
+    cfg = {"decode": {"backend": "full", "bs": DECODE_BUCKETS}, "prefill": prefill or {"backend": "disabled"}}
+    env = {**opts.env, ENV: "1", "SGLANG_LOG_DECODE_GRAPH_KEY": "1"}
+    if disable:
+        env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(disable)
+    return replace(opts, env=env, extra_args=[*opts.extra_args, "--cuda-graph-config", json.dumps(cfg)])
+
+
+def greedy_runs(engine, prompts_, n, **extra):
+    """One request alone, then three at once (a batch of 3 pads to the bs-4 graph)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+
+    def one(i):
+        out = generate(engine, prompts_[i % len(prompts_)], n, return_logprob=True, **extra)
+        meta = out["meta_info"]
+        return {"ids": out["output_ids"], "logprobs": [x[0] for x in meta["output_token_logprobs"]],
+                "routed": meta.get("routed_experts"), "out": out}
+
+    first = [one(0)]
+    with ThreadPoolExecutor(3) as ex:
+        return first + list(ex.map(one, range(1, 4)))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
+    """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
+    from test_engine_single import check_routed, prompts
+
+    from rollout.engine_launch import preset
+
+    ps = prompts(tiny_match_model)
+    eager = greedy_runs(engine_pool.get("a-match", preset("a", tiny_match_model)), ps, 8)
+    eng = engine_pool.get("a-graphs", with_graphs(preset("a", tiny_match_model)))
+    graphs = greedy_runs(eng, ps, 8)
+    log = eng.log_text()
+    assert "CPU graph replay: DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log
+    assert REPLAY_LINE.format(key=4, mode="DECODE", raw=3) in log, "3 concurrent requests never replayed the bs-4 graph"
+    for i, (e, g) in enumerate(zip(eager, graphs)):
+        assert g["ids"] == e["ids"], f"request {i}: tokens differ from eager"
+        assert g["logprobs"] == e["logprobs"], f"request {i}: logprobs differ from eager"
+        assert g["routed"] == e["routed"], f"request {i}: routed experts differ from eager"
+        check_routed(tiny_match_model, ps[i % len(ps)], g["out"])
+
+
+# ---- configuration (c) with graphs: what each DP-attention fix changes in a running engine ----
+
+DP_RANKS = (0, 1)
+
+
+def c_graph_engine(engine_pool, model, key, disable=()):
+    from rollout.engine_launch import preset
+
+    return engine_pool.get(key, with_graphs(preset("c", model), disable=disable))
+
+
+def per_rank_results(engine, model, n=9):
+    """{rank: [(prompt, out)]}: each prompt pinned to each DP rank, alone, then all at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+    from test_engine_single import prompts
+
+    jobs = [(ids, rank) for rank in DP_RANKS for ids in prompts(model)]
+    res = {rank: [] for rank in DP_RANKS}
+    for ids, rank in jobs[:2]:
+        res[rank].append((ids, generate(engine, ids, n, routed_dp_rank=rank)))
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        outs = list(ex.map(lambda j: generate(engine, j[0], n, routed_dp_rank=j[1]), jobs))
+    for (ids, rank), out in zip(jobs, outs):
+        res[rank].append((ids, out))
+    return res
+
+
+def wrong_rows(model, ids, out) -> list:
+    """Positions whose routed experts differ from transformers' router (any MoE layer)."""
+    from conftest import decode_routed, hf_router_topk
+
+    from rollout.tiny_model import NUM_LAYERS, TOP_K
+
+    seq = list(ids) + out["output_ids"][:-1]  # SGLang reports P+O-1 rows
+    routed = decode_routed(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    assert routed.shape[0] == len(seq)
+    hf = hf_router_topk(model, seq)
+    return [t for t in range(len(seq)) if any(sorted(routed[t, layer].tolist()) != hf[layer][t] for layer in hf)]
+
+
+def ranks_replaying(log: str, mode: str = "TARGET_VERIFY") -> set:
+    """DP ranks whose log shows a decode-graph replay in `mode` with at least one real request."""
+    lines = [x for x in log.splitlines() if f"mode={mode} raw_bs=" in x and not x.endswith("raw_bs=0")]
+    return {r for r in DP_RANKS if any(f" DP{r} " in x for x in lines)}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
+    """Configuration (c), verify through DecodeCudaGraphRunner replays on both DP ranks: tokens and
+    routed experts equal transformers on every rank and token."""
+    from conftest import hf_greedy
+
+    eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs")
+    res = per_rank_results(eng, tiny_match_model)
+    assert ranks_replaying(eng.log_text()) == set(DP_RANKS)
+    for rank, outs in res.items():
+        for ids, out in outs:
+            assert out["meta_info"]["dp_rank"] == rank
+            assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+            assert out["meta_info"]["spec_accept_length"] >= 2.5
+            assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_graphs_without_capturer_extent_corrupts_rank_1(engine_pool, tiny_match_model):
+    """`capturer-extent` off: the verify replay hands the capturer the decode runner's request
+    count, so DP rank 1 reads its routed experts at stride `bs` instead of `bs * 3` draft tokens.
+    Tokens stay right; every generated row on rank 1 comes back with another row's experts
+    (measured: rows 14-21 of 22, the prompt rows from eager prefill stay right); rank 0 is right."""
+    from conftest import hf_greedy
+
+    eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs-no-capturer-extent", disable=("capturer-extent",))
+    assert "capturer-extent" not in eng.active_fixes()
+    res = per_rank_results(eng, tiny_match_model)
+    assert ranks_replaying(eng.log_text()) == set(DP_RANKS)
+    for rank, outs in res.items():
+        for ids, out in outs:
+            assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+            bad = wrong_rows(tiny_match_model, ids, out)
+            if rank == 0:
+                assert bad == [], "DP rank 0 slices from offset 0: right without the fix"
+            else:
+                assert bad == list(range(len(ids), len(ids) + 8)), "every verify-written row on rank 1 is wrong"
