@@ -5,7 +5,7 @@ CLI := $(VENV)/bin/slime-moe-rollout
 .PHONY: venv demo test test-e2e bench clean
 
 venv:
-	@bash scripts/setup_venv.sh
+	@VENV=$(VENV) bash scripts/setup_venv.sh
 
 # The main job on its embedded default: fix status, then 2 real SGLang CPU engines stream a rollout.
 demo: venv
