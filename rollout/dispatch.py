@@ -69,7 +69,9 @@ class _Slot:
         self.outstanding = 0
         self.served = 0
         self.suspect_until = 0.0                      # after a connection error: avoid for a moment
-        self.inflight: dict[str, asyncio.Task] = {}   # rid -> attempt task
+        self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
+        self.lost: set = set()                        # rids cancelled by remove()
+        self.headers = auth_headers(engine.api_key)
 
 
 class Dispatcher:
@@ -86,6 +88,7 @@ class Dispatcher:
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
+        self._waiting = 0              # tasks waiting in _acquire for a free slot
         self._rid = itertools.count()
         self.resent = 0
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
@@ -105,8 +108,9 @@ class Dispatcher:
                 return 0
             del self.slots[engine.name]
         n = 0
-        for task in list(slot.inflight.values()):
+        for rid, task in list(slot.inflight.items()):
             if not task.done():
+                slot.lost.add(rid)
                 task.cancel()
                 n += 1
         return n
@@ -120,27 +124,42 @@ class Dispatcher:
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
 
+    def _take(self) -> Optional[_Slot]:
+        """The least-outstanding free slot, taken (no await: atomic on the event loop), or None."""
+        if self.closed_reason:
+            raise RuntimeError(self.closed_reason)
+        now, best = time.monotonic(), None
+        for s in self.slots.values():
+            if s.outstanding < s.capacity and s.suspect_until <= now and (
+                    best is None or (s.outstanding, s.served) < (best.outstanding, best.served)):
+                best = s
+        if best is not None:
+            best.outstanding += 1
+        return best
+
     async def _acquire(self) -> _Slot:
+        slot = self._take()  # fast path: no lock while a slot is free
+        if slot is not None:
+            return slot
         async with self._cond:
             while True:
-                if self.closed_reason:
-                    raise RuntimeError(self.closed_reason)
-                now = time.monotonic()
-                free = [s for s in self.slots.values() if s.outstanding < s.capacity and s.suspect_until <= now]
-                if free:
-                    slot = min(free, key=lambda s: (s.outstanding, s.served))
-                    slot.outstanding += 1
+                slot = self._take()
+                if slot is not None:
                     return slot
+                self._waiting += 1
                 try:
                     await asyncio.wait_for(self._cond.wait(), timeout=0.1)
                 except asyncio.TimeoutError:
                     pass
+                finally:
+                    self._waiting -= 1
 
     async def _release(self, slot: _Slot, served: bool = True) -> None:
-        async with self._cond:
-            slot.outstanding -= 1
-            slot.served += int(served)
-            self._cond.notify_all()
+        slot.outstanding -= 1
+        slot.served += int(served)
+        if self._waiting:
+            async with self._cond:
+                self._cond.notify_all()
 
     # ------------------------------------------------------------------ requests
     def payload(self, sample: Sample, rid: str) -> dict:
@@ -173,20 +192,22 @@ class Dispatcher:
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
-            attempt = asyncio.ensure_future(self._post(slot, self.payload(sample, rid)))
-            slot.inflight[rid] = attempt
+            # The attempt runs in this task (no extra task per request); remove() cancels this task
+            # and marks the rid lost, which is told apart from any other cancellation of the caller.
+            task = asyncio.current_task()
+            slot.inflight[rid] = task
             try:
-                out = await asyncio.shield(attempt)
+                out = await self._post(slot, self.payload(sample, rid))
             except asyncio.CancelledError:
-                if attempt.cancelled() and not _being_cancelled():
+                if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
                 else:
-                    attempt.cancel()
                     raise
             except Exception as e:  # connection refused/reset, timeouts
                 out = e
             finally:
                 slot.inflight.pop(rid, None)
+                slot.lost.discard(rid)
                 await self._release(slot)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
@@ -212,7 +233,7 @@ class Dispatcher:
 
     async def _post(self, slot: _Slot, body: dict):
         async with self.session.post(slot.engine.url + "/generate", json=body,
-                                     headers=auth_headers(slot.engine.api_key), timeout=self.timeout) as r:
+                                     headers=slot.headers, timeout=self.timeout) as r:
             if r.status == 200:
                 return r.status, await r.json()
             return r.status, await r.text()
@@ -256,11 +277,6 @@ class Dispatcher:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
         await asyncio.gather(*(one(s) for s in list(self.slots.values())))
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return bool(task and task.cancelling())
 
 
 def _short(e: BaseException) -> str:
