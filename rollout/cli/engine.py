@@ -4,7 +4,7 @@ import time
 
 
 def add_parser(sub) -> None:
-    from rollout.engine_launch import PRESETS
+    from rollout.engines.engine_launch import PRESETS
     from rollout.tiny_model import VARIANTS
 
     p = sub.add_parser("engine", help="real SGLang on CPU: tiny model, launch, start-up report")
@@ -31,6 +31,14 @@ def add_parser(sub) -> None:
     la.add_argument("--serve", action="store_true", help="keep serving until Ctrl-C")
     la.set_defaults(func=_launch)
 
+    pl = esub.add_parser("plan", help="print every engine's per-node SGLang command for a config; starts nothing")
+    pl.add_argument("--config", required=True, help="training config YAML")
+    pl.add_argument("--hosts", default=None,
+                    help="comma-separated address of every cluster node (default: node-<i> on cuda, "
+                         "rollout.host on cpu)")
+    pl.add_argument("--model-path", default=None, help="checkpoint path to put in the commands (default: model.path)")
+    pl.set_defaults(func=_plan)
+
 
 def _build(args) -> int:
     from rollout.tiny_model import build_tiny_glm
@@ -39,9 +47,30 @@ def _build(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    from rollout import config as rconfig
+    from rollout.cli import CliError
+    from rollout.engines.command import plan
+
+    try:
+        cfg = rconfig.load(args.config)
+        hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else None
+        engines = plan(cfg, args.model_path, hosts)
+    except (rconfig.ConfigError, ValueError) as e:
+        raise CliError(str(e).splitlines()[0]) from None
+    nodes = sum(len(e) for e in engines)
+    print(f"# {cfg.name}: {len(engines)} engine(s), {nodes} node command(s), device {cfg.cluster.device}; "
+          f"node 0 of each engine serves HTTP; the API key goes in a 0600 file passed with --config")
+    for cmds in engines:
+        for c in cmds:
+            print(f"# engine {c.engine} node {c.node_rank}/{c.nnodes} on {c.host}")
+            print(c.shell())
+    return 0
+
+
 def _launch(args) -> int:
     from rollout.cli import CliError
-    from rollout.engine_launch import launch, preset
+    from rollout.engines.engine_launch import launch, preset
     from rollout.tiny_model import build_tiny_glm, default_path
 
     if args.budget <= 0 or args.max_new_tokens < 1:
@@ -57,7 +86,7 @@ def _launch(args) -> int:
         env["SGLANG_PLUGINS"] = "none"
     if args.disable:
         env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     log = args.log or os.path.join(root, ".cache", "logs", f"engine-{args.config}.log")
     eng = launch(preset(args.config, model, env=env), log)
     print(f"engine {args.config}: pid {eng.pid}, {eng.url}, log {log}")
