@@ -22,7 +22,7 @@ pip_install() {
     local log
     log=$(mktemp)
     if ! "$VENV/bin/pip" install -q "$@" >"$log" 2>&1; then
-        cat "$log" >&2
+        grep -v "^WARNING: Location" "$log" >&2 || true   # pip's own error, without mirror noise
         rm -f "$log"
         echo "setup: FAILED: pip install $*" >&2
         exit 1
