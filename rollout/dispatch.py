@@ -8,6 +8,7 @@ from scratch; a sample yields exactly one result however many attempts it took.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ class Dispatcher:
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
-        self._waiting = 0              # tasks waiting in _acquire for a free slot
+        self._waiters: collections.deque = collections.deque()  # futures of samples waiting for a slot, FIFO
+        self._timer = None             # one wake-up when a suspect slot's pause ends
         self._rid = itertools.count()
         self.resent = 0
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
@@ -98,7 +100,7 @@ class Dispatcher:
     async def admit(self, engine) -> None:
         async with self._cond:
             self.slots[engine.name] = _Slot(engine, self.capacity)
-            self._cond.notify_all()
+        self._wake_all()
 
     async def remove(self, engine) -> int:
         """Take an engine out of rotation; its in-flight attempts fail with EngineLost (re-sent)."""
@@ -119,7 +121,7 @@ class Dispatcher:
         """No engine will come back: waiting samples fail with `reason`."""
         async with self._cond:
             self.closed_reason = reason
-            self._cond.notify_all()
+        self._wake_all()
 
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
@@ -128,38 +130,54 @@ class Dispatcher:
         """The least-outstanding free slot, taken (no await: atomic on the event loop), or None."""
         if self.closed_reason:
             raise RuntimeError(self.closed_reason)
-        now, best = time.monotonic(), None
+        now, best, paused = time.monotonic(), None, None
         for s in self.slots.values():
-            if s.outstanding < s.capacity and s.suspect_until <= now and (
-                    best is None or (s.outstanding, s.served) < (best.outstanding, best.served)):
+            if s.outstanding >= s.capacity:
+                continue
+            if s.suspect_until > now:
+                paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
+            elif best is None or (s.outstanding, s.served) < (best.outstanding, best.served):
                 best = s
         if best is not None:
             best.outstanding += 1
+        elif paused is not None and self._timer is None:  # wake the waiters when the pause ends
+            self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
         return best
 
     async def _acquire(self) -> _Slot:
-        slot = self._take()  # fast path: no lock while a slot is free
-        if slot is not None:
-            return slot
-        async with self._cond:
-            while True:
-                slot = self._take()
-                if slot is not None:
-                    return slot
-                self._waiting += 1
-                try:
-                    await asyncio.wait_for(self._cond.wait(), timeout=0.1)
-                except asyncio.TimeoutError:
-                    pass
-                finally:
-                    self._waiting -= 1
+        """A slot; waits FIFO while none is free (woken one at a time by _release, all at once by
+        admit/close or when a suspect slot's pause ends: no polling, no thundering herd)."""
+        while True:
+            slot = self._take()
+            if slot is not None:
+                return slot
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._wake_one()  # we were handed a wake-up we will not use: pass it on
+                raise
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        self._timer = None
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
 
     async def _release(self, slot: _Slot, served: bool = True) -> None:
         slot.outstanding -= 1
         slot.served += int(served)
-        if self._waiting:
-            async with self._cond:
-                self._cond.notify_all()
+        self._wake_one()
 
     # ------------------------------------------------------------------ requests
     def payload(self, sample: Sample, rid: str) -> dict:

@@ -73,3 +73,37 @@ def test_removed_engine_attempt_is_resent_and_outside_cancel_propagates():
             await r2.cleanup()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_waiters_get_slots_in_order_and_wake_when_a_suspect_pause_ends():
+    """No polling: a released slot wakes the oldest waiter; a slot paused after a connection error
+    wakes the waiters when its pause ends (one timer)."""
+    async def main():
+        runner, port, _ = await _server(hang=False)
+        try:
+            async with aiohttp.ClientSession() as session:
+                d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1)
+                await d.admit(_Eng("ok", port))
+                samples = [Sample(f"g/{i}", "g", i, [1, 2]) for i in range(6)]
+                done = await asyncio.gather(*(d.run(s) for s in samples))
+                assert [s.status for s in done] == ["truncated"] * 6
+                assert sorted(samples, key=lambda s: s.t_done) == samples  # FIFO
+                assert not d._waiters
+
+                # the only engine answers with a connection error once: paused 1 s, then used again
+                from rollout.engines.engine_launch import free_port
+                bad = _Eng("flaky", free_port())
+                d2 = Dispatcher(session, {"max_new_tokens": 1}, capacity=1)
+                await d2.admit(bad)
+                s = Sample("h/0", "h", 0, [1, 2])
+                t = asyncio.create_task(d2.run(s))
+                while not d2.resent:
+                    await asyncio.sleep(0.01)
+                bad.url = f"http://127.0.0.1:{port}"  # the engine is back
+                out = await asyncio.wait_for(t, 10)
+                assert out.status == "truncated" and out.attempts == 2 and d2._timer is None
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
