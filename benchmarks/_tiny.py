@@ -56,9 +56,11 @@ async def flush_cache(mgr):
 async def barrier_batch(mgr, prompts):
     """slime's generate_rollout shape: every sample of the batch sent at once behind one
     Semaphore(concurrency x engines), engines round-robin (slime's router), the same /generate body
-    (logprobs, routed experts); the trainer gets the batch when the LAST sample is done.
-    Returns (seconds until the trainer holds data, tokens)."""
+    (logprobs, routed experts, decoded as slime decodes them); the trainer gets the batch when the
+    LAST sample is done. Returns (seconds until the trainer holds data, tokens)."""
     import aiohttp
+    import pybase64
+    import torch
 
     from rollout.engines.readiness import auth_headers
 
@@ -76,6 +78,9 @@ async def barrier_batch(mgr, prompts):
                                         timeout=aiohttp.ClientTimeout(total=600)) as r:
                 out = await r.json()
             tokens[0] += len(out["meta_info"]["output_token_logprobs"])
+            routed = out["meta_info"].get("routed_experts")
+            if routed is not None:  # slime decodes it per sample (slime/utils/misc.py decode_int32_meta_array)
+                torch.frombuffer(bytearray(pybase64.b64decode(routed.encode("ascii"))), dtype=torch.int32)
 
     t0 = time.monotonic()
     await asyncio.gather(*(one(p, i, k) for k, p in enumerate(prompts) for i in range(n)))
