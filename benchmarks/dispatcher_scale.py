@@ -1,14 +1,21 @@
-"""Dispatcher overhead at the seed job's scale: 4 engines, 4,096 requests in flight.
+"""Dispatcher overhead at the seed job's scale: 4 engines x 512 concurrency, groups of 8, 4,096 in flight.
 
-Planned for the 128-GPU job (4 engines x 32 GPUs, e.g. 512 prompts x 8 samples in flight). The
-engines are replaced by a MINIMAL LOOPBACK HTTP RESPONDER (a benchmark-only stand-in, not SGLang):
-it answers every POST /generate at once with a fixed 4-token body, so what is measured is the
-manager's own cost. The dispatcher runs pinned to one core, the responder on another.
+The seed job (training_configs/glm4.5-355b-a32b.yaml: 4 engines, concurrency_per_engine 512, n = 8)
+submits 512 groups x 8 samples = 4,096 requests at once; 2,048 are on the wire, the rest wait for a
+slot. The engines are replaced by a MINIMAL LOOPBACK HTTP RESPONDER (a benchmark-only stand-in, not
+SGLang): it answers every POST /generate at once with a fixed 4-token body, so what is measured is
+the client's own cost. The client runs pinned to one core, the responder on another.
 
-Printed, side by side in one run, at 4,096 and at 32 requests in flight: requests/s and per-request
-latency (p50/p99) through `rollout.dispatch.Dispatcher` vs a bare aiohttp client with the same
-concurrency against the same responder; the ratio of requests/s, the manager's CPU per request, and
-the latency it adds (meaningful at the shallow depth; at 4,096 latency is queueing).
+Side by side, rounds alternated a/b/b/a, on the same responders:
+  direct : slime's shape: one asyncio.Semaphore(concurrency x engines) over all requests, round-robin
+           engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
+  manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
+           payload, response parsing into the Sample), one task per sample as the manager runs them.
+Printed at the seed shape and at a shallow depth (32 in flight): requests/s (wall), client CPU per
+request (process CPU time / requests: insensitive to other load on a shared machine), per-request
+latency p50/p99 and what the manager adds. Judged (benchmarks/targets.toml): manager / direct
+requests per CPU-second of the client core (the rate each reaches on a dedicated core), the median
+over the back-to-back pairs.
 """
 import argparse
 import asyncio
@@ -19,6 +26,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _targets import finish, judge  # noqa: E402
 
 BODY = json.dumps({"text": "", "meta_info": {
     "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None], [-1.0, 7, None], [-1.0, 8, None]],
@@ -80,65 +89,64 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _direct(session, urls, total, inflight):
-    """Baseline: `inflight` closed-loop workers posting straight to the responders (round-robin)."""
-    lat, per = [], max(1, total // inflight)
+async def _direct(session, ports, groups, n, conc):
+    """slime's shape: every request at once behind one semaphore of concurrency x engines."""
+    urls = [f"http://127.0.0.1:{p}/generate" for p in ports]
+    sem, lat, rr = asyncio.Semaphore(conc * len(ports)), [], [0]
 
-    async def worker(w):
-        for k in range(per):
-            t = time.perf_counter()
-            async with session.post(urls[(w + k) % len(urls)] + "/generate",
-                                    json={"input_ids": [1, 2, 3], "return_logprob": True, "rid": f"{w}/{k}"},
-                                    headers={"Authorization": "Bearer bench-key"}) as r:
+    async def one(g, i):
+        t = time.perf_counter()
+        async with sem:
+            rr[0] += 1
+            async with session.post(urls[rr[0] % len(urls)], headers={"Authorization": "Bearer bench-key"},
+                                    json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4},
+                                          "return_logprob": True, "rid": f"{g}/{i}"}) as r:
                 await r.json()
-            lat.append(time.perf_counter() - t)
+        lat.append(time.perf_counter() - t)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(inflight)))
-    return per * inflight / (time.perf_counter() - t0), lat
+    await asyncio.gather(*(one(g, i) for g in range(groups) for i in range(n)))
+    return lat
 
 
-async def _manager(session, ports, total, inflight):
-    """The same load through Dispatcher.run (routing, bounded slots, payload, response parsing)."""
+async def _manager(session, ports, groups, n, conc):
+    """The same requests through Dispatcher.run (one task per sample, as RolloutManager.rollout runs them)."""
     from rollout.dispatch import Dispatcher, Sample
-    d = Dispatcher(session, {"max_new_tokens": 4}, capacity=inflight // len(ports))
+    d = Dispatcher(session, {"max_new_tokens": 4}, capacity=conc)
     for i, p in enumerate(ports):
         await d.admit(_Eng(f"e{i}", p))
-    lat, per = [], max(1, total // inflight)
-
-    async def worker(w):
-        for k in range(per):
-            s = Sample(f"g{w}-{k}/0", f"g{w}-{k}", 0, [1, 2, 3])
-            t = time.perf_counter()
-            await d.run(s)
-            lat.append(time.perf_counter() - t)
-            assert s.status == "truncated" and len(s.response_ids) == 4
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(inflight)))
-    return per * inflight / (time.perf_counter() - t0), lat
+    samples = [Sample(f"g{g}/{i}", f"g{g}", i, [1, 2, 3]) for g in range(groups) for i in range(n)]
+    await asyncio.gather(*(d.run(s) for s in samples))
+    assert all(s.status == "truncated" and len(s.response_ids) == 4 for s in samples)
+    return [s.t_done - s.t_submit for s in samples]
 
 
-async def _bench(ports, total, inflight, rounds):
+async def _bench(ports, groups, n, conc, rounds):
     import aiohttp
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    out = {"direct": ([], []), "manager": ([], [])}
+    out = {"direct": [], "manager": []}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await _direct(session, urls, inflight, inflight)  # warm up: open the connections
-        for _ in range(rounds):  # interleaved, so drift hits both sides alike
-            for name, fn in (("direct", _direct), ("manager", _manager)):
-                rate, lat = await fn(session, urls if name == "direct" else ports, total, inflight)
-                out[name][0].append(rate)
-                out[name][1].extend(lat)
+        await _direct(session, ports, groups, n, conc)  # warm up: open the connections
+        for r in range(rounds):  # a/b/b/a, so drift hits both sides alike
+            order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
+            for name in order:
+                fn = _direct if name == "direct" else _manager
+                c0, t0 = time.process_time(), time.perf_counter()
+                lat = await fn(session, ports, groups, n, conc)
+                out[name].append((len(lat), time.perf_counter() - t0, time.process_time() - c0, lat))
     return out
+
+
+def _summary(runs):
+    reqs = sum(r[0] for r in runs)
+    return reqs / sum(r[1] for r in runs), sum(r[2] for r in runs) / reqs, [x for r in runs for x in r[3]]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--inflight", type=int, default=4096)
-    ap.add_argument("--requests", type=int, default=16384)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=512, help="per engine (seed: 512)")
+    ap.add_argument("--groups", type=int, default=512, help="groups submitted at once (seed: 512 x 8 = 4,096)")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=4, help="per side, alternated a/b/b/a")
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     a = ap.parse_args()
     from rollout.engines.engine_launch import free_port
@@ -149,34 +157,38 @@ def main():
     srv = mp.Process(target=_serve, args=(ports, cpus[-1], ready), daemon=True)
     srv.start()
     try:
-        ready.wait(30)
-        os.sched_setaffinity(0, {cpus[0]})  # the dispatcher side: one core
+        if not ready.wait(60):
+            sys.exit("error: the loopback responder did not start within 60 s")
+        os.sched_setaffinity(0, {cpus[0]})  # the client side: one core
         try:
             import uvloop
             uvloop.install()
             loop_name = "uvloop"
         except ImportError:
             loop_name = "asyncio"
-        out = [(n, asyncio.run(_bench(ports, max(a.requests, 4 * n), n, a.rounds)))
-               for n in (a.inflight, a.low_inflight)]
+        low_conc = max(1, a.low_inflight // a.engines)
+        shapes = [("seed", a.groups, a.concurrency), ("shallow", a.low_inflight // a.group_size, low_conc)]
+        out = [(key, g, c, asyncio.run(_bench(ports, g, a.group_size, c, a.rounds))) for key, g, c in shapes]
     finally:
         srv.terminate()
         srv.join(5)
     print(f"dispatcher scale: {a.engines} stand-in engines (minimal loopback HTTP responder, benchmark-only), "
-          f"client on 1 core ({loop_name}), {a.rounds} interleaved rounds per side")
-    for inflight, res in out:
-        d_rate = sum(res["direct"][0]) / len(res["direct"][0])
-        m_rate = sum(res["manager"][0]) / len(res["manager"][0])
-        dl, ml = res["direct"][1], res["manager"][1]
-        print(f"  {inflight} requests in flight:")
-        print(f"    {'':8s} {'req/s':>8s} {'p50 ms':>9s} {'p99 ms':>9s}")
-        for name, rate, lat in (("direct", d_rate, dl), ("manager", m_rate, ml)):
-            print(f"    {name:8s} {rate:8.0f} {_pct(lat, 0.5) * 1e3:9.2f} {_pct(lat, 0.99) * 1e3:9.2f}")
-        print(f"    manager / direct requests/s: {m_rate / d_rate:.2f}x; manager CPU per request: "
-              f"{(1 / m_rate - 1 / d_rate) * 1e3:+.3f} ms of one core")
-        print(f"    latency added by the manager: p50 {(_pct(ml, 0.5) - _pct(dl, 0.5)) * 1e3:+.2f} ms, "
-              f"p99 {(_pct(ml, 0.99) - _pct(dl, 0.99)) * 1e3:+.2f} ms"
-              + ("  (at this depth latency is queueing: in-flight / rate)" if inflight > 256 else ""))
+          f"client on 1 core ({loop_name}), {a.rounds} rounds per side a/b/b/a")
+    for key, groups, conc, res in out:
+        (d_rate, d_cpu, dl), (m_rate, m_cpu, ml) = _summary(res["direct"]), _summary(res["manager"])
+        print(f"  {key}: {groups} groups x {a.group_size} submitted at once, {conc} per engine "
+              f"({min(groups * a.group_size, conc * a.engines)} on the wire)")
+        print(f"    {'':8s} {'req/s':>8s} {'CPU ms/req':>11s} {'p50 ms':>9s} {'p99 ms':>9s}")
+        for name, rate, cpu, lat in (("direct", d_rate, d_cpu, dl), ("manager", m_rate, m_cpu, ml)):
+            print(f"    {name:8s} {rate:8.0f} {cpu * 1e3:11.3f} {_pct(lat, 0.5) * 1e3:9.2f} {_pct(lat, 0.99) * 1e3:9.2f}")
+        print(f"    manager adds: {(m_cpu - d_cpu) * 1e3:+.3f} ms CPU per request; latency p50 "
+              f"{(_pct(ml, 0.5) - _pct(dl, 0.5)) * 1e3:+.2f} ms, p99 {(_pct(ml, 0.99) - _pct(dl, 0.99)) * 1e3:+.2f} ms"
+              + ("  (at this depth latency is mostly queueing)" if groups * a.group_size > 256 else ""))
+        print(f"    wall requests/s manager / direct: {m_rate / d_rate:.2f}x (shared machine: load moves this)")
+        pairs = sorted((d[2] / d[0]) / (m[2] / m[0]) for d, m in zip(res["direct"], res["manager"]))
+        judge("dispatcher_scale", f"{key}_req_per_cpu_s", pairs[len(pairs) // 2])
+    return finish()
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

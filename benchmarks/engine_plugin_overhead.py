@@ -6,6 +6,8 @@ Same tiny model, same prompts, greedy; engines run one at a time in alternating 
       forward) with the DP-attention fixes disabled (SLIME_MOE_ROLLOUT_DISABLE) vs enabled;
       the CPU fixes stay on in both, since routed experts cannot start on CPU without them.
   stock: a plain single-rank engine with SGLANG_PLUGINS=none vs our plugin loaded.
+Judged (benchmarks/targets.toml): tokens per engine CPU-second, on / off (less sensitive than wall
+time to other load on a shared machine).
 """
 import argparse
 import os
@@ -15,6 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _targets import finish, judge  # noqa: E402
 
 from rollout.engines.engine_launch import EngineOptions, launch, preset  # noqa: E402
 from rollout.tiny_model import build_tiny_glm  # noqa: E402
@@ -111,7 +115,8 @@ def main(argv=None) -> int:
     coff, con = statistics.median(cpu_rates[False]), statistics.median(cpu_rates[True])
     print(f"mode {args.mode}: median tokens per engine CPU-second off {coff:.1f}, on {con:.1f}; "
           f"ratio on/off = {con / coff:.3f}")
-    return 0
+    judge("engine_plugin_overhead", "cpu_tokens", con / coff)
+    return finish()
 
 
 if __name__ == "__main__":

@@ -1,76 +1,69 @@
-"""Time until the trainer holds its first group: streaming vs waiting for the whole batch.
+"""Time until the trainer holds its first group: this manager's streaming vs slime's batch barrier.
 
-One real SGLang CPU engine (tiny GLM-4.5 MoE, training_configs/tiny-cpu.yaml with 1 engine).
-In the same rollout, the trainer-side consumer records when the first group arrives (streaming,
-this manager) and when the last one does (what a trainer that waits for the whole batch, like
-slime's `generate()` returning one batched ObjectRef, would see as its first data). Printed:
-both times and their ratio, averaged over --rounds rollouts of the same engine.
+One real SGLang CPU engine (tiny GLM-4.5 MoE, training_configs/tiny-cpu.yaml with 1 engine). Two
+separate runs of the SAME prompts on the same engine, alternated a/b/b/a (prefix cache flushed
+before every run):
+  (a) streaming: RolloutManager.rollout; the trainer-side consumer records the first group's arrival;
+  (b) batch barrier: slime's generate_rollout shape (every sample at once behind one semaphore of
+      concurrency x engines, the batch returned whole, see benchmarks/_tiny.barrier_batch): the
+      trainer's first data arrives when the last sample is done.
+Judged (benchmarks/targets.toml): median over pairs of (a) first group / (b) batch time.
+Not run here: slime's own generate_rollout as arm (b) (it needs slime's client environment and
+router, scripts/check_against_slime.sh); (b) reproduces its request shape and its barrier.
 """
 import argparse
 import asyncio
 import os
 import sys
-import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from _tiny import one_engine_config  # noqa: E402
+from _targets import finish, judge  # noqa: E402
+from _tiny import barrier_batch, flush_cache, median, one_engine_config, started_manager, streamed_batch  # noqa: E402
 
 
 async def run(args):
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from rollout.engines.engine_launch import free_port
-    from rollout.engines.lifecycle import LocalBackend
-    from rollout.manager import RolloutManager
-    from rollout.engines.readiness import RichView
     from rollout.cli.run import prompts_for
-    from rollout.stream import GroupStream
 
     cfg, model = one_engine_config(args.max_new_tokens)
-    logs = tempfile.mkdtemp(prefix="bench-first-group-")
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        mgr = RolloutManager.from_config(cfg, LocalBackend(logs), model, ports=[free_port()],
-                                         view=RichView(progress))
-        await mgr.start()
-    firsts, wholes = [], []
+    mgr = await started_manager(cfg, model, "bench-first-group-")
+    firsts, barriers, pairs = [], [], []
     try:
-        for r in range(args.rounds):
-            stream = GroupStream(maxsize=args.groups)
-            arrivals = []
-            t0 = time.monotonic()
-
-            async def consume():
-                async for _ in stream:
-                    arrivals.append(time.monotonic() - t0)
-
-            c = asyncio.create_task(consume())
-            res = await mgr.rollout(prompts_for(300, args.groups, seed=r), stream, batch_size=args.groups)
-            await stream.close()
-            await c
-            assert res.delivered == args.groups == len(arrivals)
-            firsts.append(arrivals[0])
-            wholes.append(arrivals[-1])
+        await barrier_batch(mgr, prompts_for(300, 2, seed=99))  # warm-up, not timed
+        for r in range(args.pairs):
+            prompts = prompts_for(300, args.groups, seed=r)
+            got = {}
+            for arm in (("stream", "barrier") if r % 2 == 0 else ("barrier", "stream")):
+                await flush_cache(mgr)
+                got[arm] = (await streamed_batch(mgr, prompts))[0] if arm == "stream" else \
+                    (await barrier_batch(mgr, prompts))[0]
+            firsts.append(got["stream"])
+            barriers.append(got["barrier"])
+            pairs.append(got["stream"] / got["barrier"])
+            print(f"  pair {r + 1}: streaming first group {got['stream']:.2f} s, barrier {got['barrier']:.2f} s",
+                  file=sys.stderr)
     finally:
         await mgr.stop()
-    f, w = sum(firsts) / len(firsts), sum(wholes) / len(wholes)
     print(f"first group: 1 real SGLang CPU engine, {args.groups} groups x {cfg.rollout.n_samples_per_prompt} samples, "
-          f"{args.max_new_tokens} new tokens, concurrency {cfg.rollout.concurrency_per_engine}, {args.rounds} rounds")
-    print(f"  streaming (this manager): first group after {f:.2f} s")
-    print(f"  whole-batch wait        : first data after  {w:.2f} s")
-    print(f"  the trainer holds data {w / f:.1f}x sooner")
+          f"{args.max_new_tokens} new tokens, concurrency {cfg.rollout.concurrency_per_engine}, "
+          f"{args.pairs} pairs a/b/b/a (same prompts per pair, cache flushed)")
+    print(f"  (a) streaming, this manager: first group after {median(firsts):.2f} s (median)")
+    print(f"  (b) batch barrier (slime's generate_rollout shape): first data after {median(barriers):.2f} s (median)")
+    judge("first_group", "first_data", median(pairs))
+    return finish()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--pairs", type=int, default=2)
+    a = ap.parse_args()
+    if min(a.groups, a.max_new_tokens, a.pairs) < 1:
+        ap.error("--groups, --max-new-tokens and --pairs must be >= 1")
+    return asyncio.run(run(a))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

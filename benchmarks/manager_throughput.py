@@ -1,107 +1,68 @@
-"""Manager throughput vs direct concurrent HTTP to the same engine.
+"""Rollout throughput: this manager vs direct concurrent HTTP to the same engine, alternated a/b/b/a.
 
-One real SGLang CPU engine (tiny GLM-4.5 MoE, routed experts on). The same prompts, sampling
-(`ignore_eos`, so both sides generate the same number of tokens), logprobs and routed experts,
-and the same concurrency go (a) straight to /generate with aiohttp and (b) through the manager
-(dispatch, R3 decode + validation + compaction, group assembly, streaming). After an untimed warm-up,
-rounds alternate a/b, b/a with fresh prompts, so load drift on the shared machine hits both. Printed: tokens/s of each and the ratio.
+One real SGLang CPU engine (tiny GLM-4.5 MoE, routed experts on), the config's concurrency. The same
+sampling (`ignore_eos`: both sides generate the same number of tokens), logprobs and routed experts:
+  (a) direct: slime's generate_rollout request shape (benchmarks/_tiny.barrier_batch: every sample
+      at once behind one semaphore of concurrency x engines, a bare POST /generate each);
+  (b) manager: RolloutManager.rollout (dispatch, R3 decode + validation + compaction, group assembly,
+      streaming to a consumer).
+Each pair runs the same fresh prompts on both arms (prefix cache flushed before every run); the order
+alternates a/b, b/a. Printed: tokens/s and groups/s of each; judged: median over pairs of b / a tokens/s.
+Not run here: slime's own generate_rollout as a third arm (it needs slime's client environment and
+router, scripts/check_against_slime.sh).
 """
 import argparse
 import asyncio
 import os
 import sys
-import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from _tiny import one_engine_config  # noqa: E402
-
-
-async def direct(mgr, prompts, n, sampling, concurrency):
-    import aiohttp
-    eng = next(iter(mgr.engines.values()))
-    sem = asyncio.Semaphore(concurrency)
-    tokens = 0
-
-    async def one(p, i):
-        nonlocal tokens
-        async with sem:
-            body = {"input_ids": p, "sampling_params": sampling, "return_logprob": True,
-                    "return_routed_experts": True, "rid": f"direct-{time.monotonic_ns()}-{i}"}
-            async with mgr.session.post(eng.url + "/generate", json=body,
-                                        headers={"Authorization": f"Bearer {eng.api_key}"},
-                                        timeout=aiohttp.ClientTimeout(total=600)) as r:
-                out = await r.json()
-            tokens += len(out["meta_info"]["output_token_logprobs"])
-
-    t0 = time.monotonic()
-    await asyncio.gather(*(one(p, i) for p in prompts for i in range(n)))
-    return tokens / (time.monotonic() - t0)
-
-
-async def managed(mgr, prompts):
-    from rollout.stream import GroupStream
-    stream = GroupStream(maxsize=len(prompts) + 1)  # + the end marker: read after the rollout
-    t0 = time.monotonic()
-    res = await mgr.rollout(prompts, stream, batch_size=len(prompts))
-    dt = time.monotonic() - t0
-    await stream.close()
-    groups = [g async for g in stream]
-    assert res.delivered == len(prompts)
-    assert all(s.routed_experts is not None for g in groups for s in g.samples)
-    return sum(len(s.response_ids) for g in groups for s in g.samples) / dt
+from _targets import finish, judge  # noqa: E402
+from _tiny import barrier_batch, flush_cache, median, one_engine_config, started_manager, streamed_batch  # noqa: E402
 
 
 async def run(args):
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from rollout.engines.engine_launch import free_port
-    from rollout.engines.lifecycle import LocalBackend
-    from rollout.manager import RolloutManager
-    from rollout.engines.readiness import RichView
     from rollout.cli.run import prompts_for
 
     cfg, model = one_engine_config(args.max_new_tokens)
-    with Progress(console=Console(stderr=True), transient=True) as progress:
-        mgr = RolloutManager.from_config(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-tput-")), model,
-                                         ports=[free_port()], view=RichView(progress))
-        await mgr.start()
-    mgr.dispatcher.sampling["ignore_eos"] = True
-    sampling = dict(mgr.dispatcher.sampling)
-    n, conc = cfg.rollout.n_samples_per_prompt, cfg.rollout.concurrency_per_engine
+    mgr = await started_manager(cfg, model, "bench-tput-")
     rates = {"direct": [], "manager": []}
     try:
-        await direct(mgr, prompts_for(300, args.groups, seed=99), n, sampling, conc)  # warm-up, not timed
-        for r in range(args.rounds):
-            # fresh prompts for every run (no prefix-cache help for either side), order alternating
-            pa, pb = prompts_for(300, args.groups, seed=100 + 2 * r), prompts_for(300, args.groups, seed=101 + 2 * r)
-            runs = [("direct", lambda: direct(mgr, pa, n, sampling, conc)), ("manager", lambda: managed(mgr, pb))]
-            for name, fn in (runs if r % 2 == 0 else runs[::-1]):
-                rates[name].append(await fn())
+        await barrier_batch(mgr, prompts_for(300, 2, seed=99))  # warm-up, not timed
+        for r in range(args.pairs):
+            prompts = prompts_for(300, args.groups, seed=100 + r)
+            for arm in (("direct", "manager") if r % 2 == 0 else ("manager", "direct")):
+                await flush_cache(mgr)
+                if arm == "direct":
+                    dt, tokens = await barrier_batch(mgr, prompts)
+                else:
+                    _, dt, tokens = await streamed_batch(mgr, prompts)
+                rates[arm].append((tokens / dt, len(prompts) / dt))
     finally:
         await mgr.stop()
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731  (medians: load spikes on a shared machine)
-    ratios = [m / d for d, m in zip(rates["direct"], rates["manager"])]  # back-to-back pairs
+    n, conc = cfg.rollout.n_samples_per_prompt, cfg.rollout.concurrency_per_engine
     print(f"manager throughput: 1 real SGLang CPU engine, {args.groups} groups x {n} samples x "
-          f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.rounds} rounds a/b b/a")
-    print(f"  direct HTTP : median {med(rates['direct']):7.1f} tokens/s  (rounds: "
-          f"{', '.join(f'{x:.1f}' for x in rates['direct'])})")
-    print(f"  manager     : median {med(rates['manager']):7.1f} tokens/s  (rounds: "
-          f"{', '.join(f'{x:.1f}' for x in rates['manager'])})")
-    print(f"  manager / direct, median of back-to-back pairs: {med(ratios):.2f}x "
-          f"(pairs: {', '.join(f'{x:.2f}' for x in ratios)})")
+          f"{args.max_new_tokens} tokens, concurrency {conc}, logprobs + routed experts, {args.pairs} pairs a/b/b/a")
+    for arm in ("direct", "manager"):
+        tok = [x[0] for x in rates[arm]]
+        print(f"  {arm:8s}: median {median(tok):7.1f} tokens/s, {median([x[1] for x in rates[arm]]):5.2f} groups/s "
+              f"(runs: {', '.join(f'{x:.1f}' for x in tok)})")
+    judge("manager_throughput", "tokens", median([m[0] / d[0] for d, m in zip(rates["direct"], rates["manager"])]))
+    return finish()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=4)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--pairs", type=int, default=4)
+    a = ap.parse_args()
+    if min(a.groups, a.max_new_tokens, a.pairs) < 1:
+        ap.error("--groups, --max-new-tokens and --pairs must be >= 1")
+    return asyncio.run(run(a))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,154 +1,149 @@
-"""Readiness and death detection delay: phased readiness vs a 2 s polling loop, on the same engine start.
+"""Readiness and death detection: this manager vs slime's own semantics, watching the SAME real engine.
 
-One real SGLang CPU engine is started once; three watchers run side by side on that start:
-  reference : GET /ready every 0.05 s -> the moment the server status turned Up
-  ours      : rollout.engines.readiness.wait_ready (0.2 s polls) -> /health_generate 200 seen, then admitted
-              (admission also needs the one-token probe on every DP rank)
-  2 s loop  : slime's wait: GET /health_generate every 2 s until 200
-Death detection is then timed on stand-in processes (see `death`). Printed: delays and ratios.
+One real SGLang CPU engine (tiny GLM-4.5 MoE, one engine of training_configs/tiny-cpu.yaml).
+Readiness, side by side on one engine start:
+  ours : RolloutManager.start: phased readiness, admitted after /health_generate 200 AND a one-token
+         probe on every DP rank (the manager's "admitted" event);
+  slime: slime's `_wait_server_healthy` (slime/backends/sglang_utils/sglang_engine.py):
+         GET /health_generate every 2 s until 200. With --slime-src DIR, slime's own function runs
+         (in a thread); without, the same semantics re-stated here (`slime_wait`).
+Death, side by side on one rollout: the engine is killed with SIGKILL mid-rollout, half an interval
+after slime's last check (the mean case of its cadence):
+  ours : the manager declares the engine dead (process watch / health monitor, "dead" event);
+  slime: RolloutHealthMonitor semantics (slime/utils/health_monitor.py): /health_generate every
+         --rollout-health-check-interval (default 30 s) with a 30 s timeout; a failed check kills it.
+Judged (benchmarks/targets.toml): ready = ours / slime seconds from launch; death = ours / slime
+seconds from the kill.
 """
 import argparse
 import asyncio
 import os
-import random
+import signal
 import sys
-import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from _tiny import one_engine_config  # noqa: E402
+from _targets import finish, judge  # noqa: E402
+from _tiny import one_engine_config, started_manager  # noqa: E402
+
+SLIME_HEALTH_INTERVAL_S = 30.0  # slime/utils/arguments.py: --rollout-health-check-interval default
+SLIME_HEALTH_TIMEOUT_S = 30.0   # --rollout-health-check-timeout default
 
 
-async def reference_up(session, eng, t0):
-    while True:
+def slime_wait(base_url, api_key, is_process_alive):
+    """slime's _wait_server_healthy semantics: GET /health_generate, 200 -> ready; else sleep 2 s."""
+    import requests
+
+    with requests.Session() as s:
+        while True:
+            try:
+                if s.get(f"{base_url}/health_generate", headers={"Authorization": f"Bearer {api_key}"}).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if not is_process_alive():
+                raise RuntimeError("Server process terminated unexpectedly.")
+            time.sleep(2)
+
+
+def slime_health_loop(url, api_key, stop: threading.Event, checked: list) -> float:
+    """RolloutHealthMonitor semantics: a check every interval; returns when a check fails (declared dead)."""
+    import requests
+
+    while not stop.is_set():
+        checked.append(time.monotonic())
         try:
-            async with session.get(eng.url + "/ready", headers={"Authorization": f"Bearer {eng.api_key}"}) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except Exception:
-            pass
-        await asyncio.sleep(0.05)
+            requests.get(f"{url}/health_generate", headers={"Authorization": f"Bearer {api_key}"},
+                         timeout=SLIME_HEALTH_TIMEOUT_S).raise_for_status()
+        except requests.RequestException:
+            return time.monotonic()
+        if stop.wait(SLIME_HEALTH_INTERVAL_S):
+            return float("nan")
+    return float("nan")
 
 
-async def two_second_loop(session, eng, t0):
-    import aiohttp
-    while True:
-        if not eng.alive():
-            raise RuntimeError("engine died")
-        try:
-            async with session.get(eng.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=30),
-                                   headers={"Authorization": f"Bearer {eng.api_key}"}) as r:
-                if r.status == 200:
-                    return time.monotonic() - t0
-        except Exception:
-            pass
-        await asyncio.sleep(2.0)
-
-
-async def ours(session, eng, budgets, t0):
-    from rollout.engines.readiness import PHASES, wait_ready
-    info = await wait_ready(eng, budgets, session)
-    t_admit = time.monotonic() - t0
-    labels = [p.label for p in PHASES]
-    t_health = t_admit - info.phase_s[labels[-1]]  # health_generate passed where the DP probe began
-    return t_health, t_admit
-
-
-async def death(trials: int):
-    """Death detection on STAND-IN processes (`sleep`; the scenario is about the process only):
-    our health monitor's 0.25 s process check vs a loop that checks liveness every 2 s (slime's
-    wait loop), each killed with SIGKILL at a random phase of the 2 s loop."""
-    import subprocess
-
-    from rollout.engines.health import HealthMonitor
-
-    class Proc:
-        def __init__(self):
-            self.p = subprocess.Popen(["sleep", "600"])
-            self.name = f"standin-{self.p.pid}"
-
-        def alive(self):
-            return self.p.poll() is None
-
-        def exit_reason(self):
-            return "killed"
-
-    ours, slow = [], []
-    for _ in range(trials):
-        proc, seen = Proc(), {}
-        t_kill = [0.0]
-
-        async def on_dead(e, reason):
-            seen["ours"] = time.monotonic() - t_kill[0]
-
-        async def probe(e):
-            pass
-
-        mon = HealthMonitor(probe, on_dead, interval_s=30, failures=3)
-        mon.watch(proc)
-        mon.start()
-
-        async def two_s():
-            while proc.alive():
-                await asyncio.sleep(2.0)
-            seen["slow"] = time.monotonic() - t_kill[0]
-
-        task = asyncio.create_task(two_s())
-        await asyncio.sleep(random.uniform(0.0, 2.0))
-        t_kill[0] = time.monotonic()
-        proc.p.kill()
-        await task
-        while "ours" not in seen:
-            await asyncio.sleep(0.01)
-        await mon.stop()
-        ours.append(seen["ours"])
-        slow.append(seen["slow"])
-    return sum(ours) / trials, sum(slow) / trials
+def slime_wait_fn(slime_src):
+    if not slime_src:
+        return slime_wait, "slime's semantics (re-stated)"
+    if not os.path.isdir(os.path.join(slime_src, "slime")):
+        sys.exit(f"error: --slime-src {slime_src} has no slime/ package")
+    sys.path.insert(0, slime_src)
+    from slime.backends.sglang_utils.sglang_engine import _wait_server_healthy
+    return _wait_server_healthy, f"slime's own _wait_server_healthy ({slime_src})"
 
 
 async def run(args):
-    import aiohttp
+    from rollout.cli.run import prompts_for
+    from rollout.stream import GroupStream
 
-    from rollout import config as rconfig
-    from rollout.engines.engine_launch import free_port
-    from rollout.engines.lifecycle import LocalBackend
+    wait_fn, wait_what = slime_wait_fn(args.slime_src)
+    cfg, model = one_engine_config(args.max_new_tokens)
+    box = {}
 
-    cfg, model = one_engine_config()
-    spec = rconfig.engine_specs(cfg, model, ports=[free_port()])[0]
-    rows = []
-    for r in range(args.rounds):
-        eng = LocalBackend(tempfile.mkdtemp(prefix="bench-ready-")).start(spec)
-        t0 = time.monotonic()
+    def slime_watch():
+        """Waits until the manager has launched the engine, then runs slime's wait on it."""
+        while not box.get("mgr") or not box["mgr"].engines:
+            time.sleep(0.01)
+        eng = next(iter(box["mgr"].engines.values()))
+        wait_fn(eng.url, eng.api_key, eng.alive)
+        box["slime_ready"] = time.monotonic()
+
+    watcher = threading.Thread(target=slime_watch, daemon=True)
+    watcher.start()
+    mgr = await started_manager(cfg, model, "bench-ready-", on_created=lambda m: box.__setitem__("mgr", m))
+    try:
+        await asyncio.to_thread(watcher.join, 600)
+        ev = {what.split(" ")[0]: t for t, _, what in mgr.events}
+        t_launch, t_ours, t_slime = ev["started"], ev["admitted"], box["slime_ready"]
+        print("readiness: 1 real SGLang CPU engine; seconds from launch to declared ready")
+        print(f"  ours (health_generate + one-token probe per DP rank): {t_ours - t_launch:6.2f} s")
+        print(f"  slime ({wait_what}, 2 s polls)     : {t_slime - t_launch:6.2f} s")
+        judge("readiness_delay", "ready", (t_ours - t_launch) / (t_slime - t_launch))
+
+        # death mid-rollout
+        mgr.max_restarts = 0  # no restart: the benchmark ends at detection
+        eng = next(iter(mgr.engines.values()))
+        stream = GroupStream(maxsize=10_000)
+        rollout = asyncio.create_task(mgr.rollout(prompts_for(300, args.death_groups, seed=7), stream))
+        stop, checked = threading.Event(), []
+        slime = asyncio.create_task(asyncio.to_thread(slime_health_loop, eng.url, eng.api_key, stop, checked))
+        while not checked:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(SLIME_HEALTH_INTERVAL_S / 2)
+        if rollout.done():
+            sys.exit("error: the rollout finished before the kill; raise --death-groups")
+        t_kill = time.monotonic()
+        eng.kill(signal.SIGKILL)
+        t_slime_dead = await slime
+        while not any(w.startswith("dead") for t, _, w in mgr.events if t >= t_kill):
+            await asyncio.sleep(0.01)
+        t_ours_dead = min(t for t, _, w in mgr.events if t >= t_kill and w.startswith("dead"))
+        stop.set()
+        rollout.cancel()
         try:
-            async with aiohttp.ClientSession() as s:
-                up, slime, (health, admit) = await asyncio.gather(
-                    reference_up(s, eng, t0), two_second_loop(s, eng, t0), ours(s, eng, cfg.rollout.budgets, t0))
-        finally:
-            eng.stop()
-            assert eng.leftover_pids() == []
-        rows.append((up, health, admit, slime))
-        print(f"  round {r + 1}: Up at {up:.2f} s; ours saw /health_generate 200 at {health:.2f} s, admitted at "
-              f"{admit:.2f} s; 2 s loop at {slime:.2f} s", file=sys.stderr)
-    up, health, admit, slime = [sum(x) / len(x) for x in zip(*rows)]
-    d_ours, d_slow = await death(args.death_trials)
-    print(f"readiness delay: 1 real SGLang CPU engine, {args.rounds} start(s), delays after the server turned Up "
-          f"({up:.1f} s after launch)")
-    print(f"  ours, /health_generate 200 seen : {health - up:6.2f} s")
-    print(f"  ours, admitted (+ DP-rank probes): {admit - up:6.2f} s")
-    print(f"  2 s polling loop                 : {slime - up:6.2f} s")
-    print(f"  2 s loop / ours (health seen)    : {(slime - up) / max(health - up, 1e-3):.1f}x")
-    print(f"  death detection ({args.death_trials} stand-in processes, SIGKILL at a random phase): "
-          f"ours {d_ours:.2f} s vs 2 s loop {d_slow:.2f} s mean ({d_slow / max(d_ours, 1e-3):.1f}x)")
+            await rollout
+        except BaseException:
+            pass
+    finally:
+        await mgr.stop()
+    print(f"death detection: SIGKILL mid-rollout, {SLIME_HEALTH_INTERVAL_S / 2:.0f} s after slime's last check "
+          f"(its interval {SLIME_HEALTH_INTERVAL_S:.0f} s, timeout {SLIME_HEALTH_TIMEOUT_S:.0f} s: defaults)")
+    print(f"  ours : declared dead after {t_ours_dead - t_kill:6.2f} s")
+    print(f"  slime: declared dead after {t_slime_dead - t_kill:6.2f} s (RolloutHealthMonitor semantics)")
+    judge("readiness_delay", "death", (t_ours_dead - t_kill) / (t_slime_dead - t_kill))
+    return finish()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--death-trials", type=int, default=20)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--slime-src", help="a THUDM/slime checkout: run slime's own _wait_server_healthy")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--death-groups", type=int, default=400, help="a rollout long enough to be killed mid-way")
+    return asyncio.run(run(ap.parse_args()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

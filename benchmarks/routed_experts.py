@@ -4,7 +4,8 @@
 (b) ours:  ``decode_compact`` (strict base64, row count, dense-zero, id range, duplicate checks,
     MoE layers only as uint8 ``[T-1, 89, 8]``).
 Runs alternate a, b, a, b, ...; the ratio is the median of b/a over pairs. Synthetic payload.
-Targets: time b/a <= 1.0, memory held for the trainer >= 4x smaller (712 B/token).
+Judged against benchmarks/targets.toml: the time ratio b/a. The bytes held per token (2,944 vs 712
+for GLM-4.5) are a constant of the layout and are printed as a fact, not judged.
 """
 import argparse
 import statistics
@@ -15,12 +16,14 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import pybase64  # noqa: E402
 import torch  # noqa: E402
 from rich.progress import track  # noqa: E402
 
+from _targets import fact, finish, judge  # noqa: E402
 from rollout.routed_experts import MoELayout, bytes_per_token, decode_compact, encode_sglang  # noqa: E402
 from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
 
@@ -58,7 +61,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=32768, help="sample length (default 32768)")
     p.add_argument("--runs", type=int, default=9, help="alternating (a, b) pairs (default 9)")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     if args.tokens < 2 or args.runs < 1:
         p.error("--tokens must be >= 2 and --runs >= 1")
@@ -86,13 +88,12 @@ def main(argv=None):
     print(f"(b) ours:  strict decode + validate + compact uint8 [T-1, 89, 8] median {med(tb):7.1f} ms")
     print(f"(c) reference: strict b64decode(validate=True) alone, no checks   median {med(tc):7.1f} ms"
           f"  (b/c {statistics.median(b / c for b, c in zip(tb, tc)):.2f})")
-    print(f"time ratio b/a (median of {args.runs} pairs): {ratio:.2f}   target <= 1.0: {'PASS' if ratio <= 1.0 else 'MISS'}")
-    print(f"bytes per token held for the trainer: slime {bpt_a:.0f}, ours {bpt_b:.0f} -> {bpt_a / bpt_b:.2f}x smaller"
-          f"   target >= 4x: {'PASS' if bpt_a / bpt_b >= 4 else 'MISS'}")
+    judge("routed_experts", "decode_time", ratio)
+    fact("routed_experts", f"bytes per token held for the trainer: slime {bpt_a:.0f}, ours {bpt_b:.0f} "
+         f"({bpt_a / bpt_b:.2f}x smaller; uint8 and MoE layers only)")
     pa, pb = peak_alloc(slime_path, payload, layout), peak_alloc(decode_compact, payload, layout, T)
     print(f"peak transient allocation while decoding: slime {pa / 2**20:.1f} MiB, ours {pb / 2**20:.1f} MiB")
-    missed = ratio > 1.0 or bpt_a / bpt_b < 4
-    return 1 if (missed and args.strict) else 0
+    return finish()
 
 
 if __name__ == "__main__":

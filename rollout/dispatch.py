@@ -12,6 +12,7 @@ before the attempt and is resumed later, so every kept token has its routing row
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -74,7 +75,9 @@ class _Slot:
         self.outstanding = 0
         self.served = 0
         self.suspect_until = 0.0                      # after a connection error: avoid for a moment
-        self.inflight: dict[str, asyncio.Task] = {}   # rid -> attempt task
+        self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
+        self.lost: set = set()                        # rids cancelled by remove()
+        self.headers = auth_headers(engine.api_key)
 
 
 class Dispatcher:
@@ -93,6 +96,8 @@ class Dispatcher:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
+        self._waiters: collections.deque = collections.deque()  # futures of samples waiting for a slot, FIFO
+        self._timer = None             # one wake-up when a suspect slot's pause ends
         self._rid = itertools.count()
         self.resent = 0
         self.unrouted_aborts = 0       # aborted answers without routed experts (queued when aborted)
@@ -103,7 +108,7 @@ class Dispatcher:
     async def admit(self, engine) -> None:
         async with self._cond:
             self.slots[engine.name] = _Slot(engine, self.capacity)
-            self._cond.notify_all()
+        self._wake_all()
 
     async def remove(self, engine) -> int:
         """Take an engine out of rotation; its in-flight attempts fail with EngineLost (re-sent)."""
@@ -113,8 +118,9 @@ class Dispatcher:
                 return 0
             del self.slots[engine.name]
         n = 0
-        for task in list(slot.inflight.values()):
+        for rid, task in list(slot.inflight.items()):
             if not task.done():
+                slot.lost.add(rid)
                 task.cancel()
                 n += 1
         return n
@@ -123,32 +129,63 @@ class Dispatcher:
         """No engine will come back: waiting samples fail with `reason`."""
         async with self._cond:
             self.closed_reason = reason
-            self._cond.notify_all()
+        self._wake_all()
 
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
 
+    def _take(self) -> Optional[_Slot]:
+        """The least-outstanding free slot, taken (no await: atomic on the event loop), or None."""
+        if self.closed_reason:
+            raise RuntimeError(self.closed_reason)
+        now, best, paused = time.monotonic(), None, None
+        for s in self.slots.values():
+            if s.outstanding >= s.capacity:
+                continue
+            if s.suspect_until > now:
+                paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
+            elif best is None or (s.outstanding, s.served) < (best.outstanding, best.served):
+                best = s
+        if best is not None:
+            best.outstanding += 1
+        elif paused is not None and self._timer is None:  # wake the waiters when the pause ends
+            self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
+        return best
+
     async def _acquire(self) -> _Slot:
-        async with self._cond:
-            while True:
-                if self.closed_reason:
-                    raise RuntimeError(self.closed_reason)
-                now = time.monotonic()
-                free = [s for s in self.slots.values() if s.outstanding < s.capacity and s.suspect_until <= now]
-                if free:
-                    slot = min(free, key=lambda s: (s.outstanding, s.served))
-                    slot.outstanding += 1
-                    return slot
-                try:
-                    await asyncio.wait_for(self._cond.wait(), timeout=0.1)
-                except asyncio.TimeoutError:
-                    pass
+        """A slot; waits FIFO while none is free (woken one at a time by _release, all at once by
+        admit/close or when a suspect slot's pause ends: no polling, no thundering herd)."""
+        while True:
+            slot = self._take()
+            if slot is not None:
+                return slot
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._wake_one()  # we were handed a wake-up we will not use: pass it on
+                raise
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        self._timer = None
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
 
     async def _release(self, slot: _Slot, served: bool = True) -> None:
-        async with self._cond:
-            slot.outstanding -= 1
-            slot.served += int(served)
-            self._cond.notify_all()
+        slot.outstanding -= 1
+        slot.served += int(served)
+        self._wake_one()
 
     # ------------------------------------------------------------------ requests
     def payload(self, sample: Sample, rid: str) -> dict:
@@ -185,20 +222,22 @@ class Dispatcher:
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
-            attempt = asyncio.ensure_future(self._post(slot, self.payload(sample, rid)))
-            slot.inflight[rid] = attempt
+            # The attempt runs in this task (no extra task per request); remove() cancels this task
+            # and marks the rid lost, which is told apart from any other cancellation of the caller.
+            task = asyncio.current_task()
+            slot.inflight[rid] = task
             try:
-                out = await asyncio.shield(attempt)
+                out = await self._post(slot, self.payload(sample, rid))
             except asyncio.CancelledError:
-                if attempt.cancelled() and not _being_cancelled():
+                if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
                 else:
-                    attempt.cancel()
                     raise
             except Exception as e:  # connection refused/reset, timeouts
                 out = e
             finally:
                 slot.inflight.pop(rid, None)
+                slot.lost.discard(rid)
                 await self._release(slot)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
@@ -227,7 +266,7 @@ class Dispatcher:
 
     async def _post(self, slot: _Slot, body: dict):
         async with self.session.post(slot.engine.url + "/generate", json=body,
-                                     headers=auth_headers(slot.engine.api_key), timeout=self.timeout) as r:
+                                     headers=slot.headers, timeout=self.timeout) as r:
             if r.status == 200:
                 return r.status, await r.json()
             return r.status, await r.text()
@@ -276,11 +315,6 @@ class Dispatcher:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
         await asyncio.gather(*(one(s) for s in list(self.slots.values())))
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return bool(task and task.cancelling())
 
 
 def one_line(x, limit: int = 160) -> str:

@@ -2,7 +2,8 @@
 
 Engines are expensive (30-150 s to start on 2 cores) and memory-heavy, so one session-scoped
 pool keeps at most one engine alive: asking for another configuration stops the current one
-first (and checks by PID that its whole process tree is gone).
+first (and checks by PID that its whole process tree is gone), and a slow/e2e test that does not
+use the pool stops the pool's engine before it starts its own.
 """
 import os
 
@@ -80,6 +81,9 @@ class EnginePool:
         assert not left, f"processes left after stop: {left}"
 
 
+_POOLS = []  # the session's EnginePool, once some test asked for it
+
+
 def _progress(key: str):
     """A line every 30 s while an engine starts (visible with -s; in the log otherwise)."""
     import sys
@@ -97,8 +101,20 @@ def _progress(key: str):
 @pytest.fixture(scope="session")
 def engine_pool(tmp_path_factory):
     pool = EnginePool(str(tmp_path_factory.mktemp("engine-logs")))
+    _POOLS.append(pool)
     yield pool
     pool.close()
+    _POOLS.remove(pool)
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_pool_engine_beside_other_engines(request):
+    """A slow/e2e test that starts its own engines never runs beside the pool's idle engine:
+    the pool's engine is stopped first (the next pool user starts it again)."""
+    marked = request.node.get_closest_marker("slow") or request.node.get_closest_marker("e2e")
+    if _POOLS and marked and "engine_pool" not in request.fixturenames:
+        _POOLS[0].close()
+    yield
 
 
 def pids_alive(pids) -> list:

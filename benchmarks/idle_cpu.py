@@ -1,0 +1,98 @@
+"""CPU burnt by an idle engine: the CPU engine profile (with SGLang's --sleep-on-idle) vs without it.
+
+A real DP-attention SGLang CPU engine (configuration (c) by default: tp 4, dp 2 with DP attention,
+ep 4, NEXTN, routed experts) is started twice, one after the other: as the engine profile launches it
+(rollout.engines.command adds --sleep-on-idle on CPU) and with that one flag removed from the same
+argv (SGLang's default: the scheduler busy-polls). After one request and a settle time, the CPU time
+of EVERY process of the engine's tree (launcher, DP controller, schedulers, detokenizer) is sampled
+over --window seconds. Printed per process; judged (benchmarks/targets.toml): total idle CPU with /
+without the flag.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from _targets import finish, judge  # noqa: E402
+
+
+def start(opts, sleep_on_idle: bool, log: str):
+    from rollout.engines.engine_launch import EngineProcess, node_command, resolve
+    from rollout.engines.process import ServerProcess
+
+    opts = resolve(opts)
+    c = node_command(opts)
+    assert "--sleep-on-idle" in c.argv, "the CPU engine profile no longer adds --sleep-on-idle"
+    argv = c.argv if sleep_on_idle else [a for a in c.argv if a != "--sleep-on-idle"]
+    return EngineProcess(proc=ServerProcess(argv, c.env, log, api_key=c.api_key, owner_port=opts.port),
+                         opts=opts, log_path=log)
+
+
+def idle_cpu(eng, window: float) -> dict:
+    """{pid: (title, % of one core)} over `window` seconds for every process of the engine's tree."""
+    import psutil
+
+    procs = {}
+    for pid in eng.tree_pids():
+        try:
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            procs[pid] = (p, " ".join(p.cmdline())[:60] or p.name(), t.user + t.system)
+        except psutil.NoSuchProcess:
+            pass
+    time.sleep(window)
+    out = {}
+    for pid, (p, title, c0) in procs.items():
+        try:
+            t = p.cpu_times()
+            out[pid] = (title, 100.0 * (t.user + t.system - c0) / window)
+        except psutil.NoSuchProcess:
+            out[pid] = (title + " (exited)", 0.0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="c", help="engine preset a|b|c (c: DP attention)")
+    ap.add_argument("--settle", type=float, default=5.0, help="seconds idle before sampling")
+    ap.add_argument("--window", type=float, default=10.0, help="sampling window in seconds")
+    a = ap.parse_args()
+    import requests
+
+    from rollout.engines.engine_launch import preset
+    from rollout.tiny_model import build_tiny_glm
+
+    model = build_tiny_glm(variant="random")
+    logs = tempfile.mkdtemp(prefix="bench-idle-")
+    totals = {}
+    for sleep_on_idle in (False, True):
+        eng = start(preset(a.config, model), sleep_on_idle, os.path.join(logs, f"engine-{sleep_on_idle}.log"))
+        try:
+            eng.wait_ready(900)
+            r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=600,
+                              json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}})
+            assert r.status_code == 200, r.text[:300]
+            time.sleep(a.settle)
+            rows = idle_cpu(eng, a.window)
+        finally:
+            left = eng.stop()
+        if left:
+            sys.exit(f"error: processes left after stop: {left}")
+        label = "with --sleep-on-idle (our CPU profile)" if sleep_on_idle else "without (SGLang's default)"
+        print(f"  {label}: idle CPU per process over {a.window:.0f} s")
+        for pid, (title, pct) in sorted(rows.items()):
+            print(f"    {pct:6.1f}%  pid {pid:<7d} {title}")
+        totals[sleep_on_idle] = sum(p for _, p in rows.values())
+        print(f"    {totals[sleep_on_idle]:6.1f}%  total ({len(rows)} processes)", flush=True)
+    print(f"idle CPU: configuration ({a.config}), every process of the engine: without {totals[False]:.1f}%, "
+          f"with --sleep-on-idle {totals[True]:.1f}% of one core")
+    judge("idle_cpu", "total", totals[True] / max(totals[False], 1e-6))
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
