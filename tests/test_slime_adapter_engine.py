@@ -11,7 +11,7 @@ import pytest
 from conftest import hf_router_topk
 
 from rollout import slime_adapter
-from rollout.engine_launch import preset
+from rollout.engines.engine_launch import preset
 from rollout.slime_types import RolloutFnTrainOutput, Sample
 from rollout.tiny_model import NUM_LAYERS, TOP_K
 
