@@ -1,0 +1,22 @@
+"""R3 defects reported near the fix set that SGLang 0.5.23 does not let into a request's payload.
+
+Guard tests only, no hooks (state "upstream" in `patches status`: nothing to patch here).
+
+- `padding-rows-capture` (sglang#36404): 0.5.23 captures top-k before the padded-region mask,
+  but the host copy writes padded rows to the reserved KV slot 0 (MLP-sync pads `out_cache_loc`
+  with zeros), which no request's `req_to_token` holds.
+"""
+from sglang_patches.registry import Fix
+
+FIXES = [
+    Fix(
+        name="padding-rows-capture",
+        family="dp-attention",
+        defect="sglang#36404: routed experts are captured before the padded-region mask. In 0.5.23 padded "
+        "rows reach the device buffer only; the host copy sends them to the reserved slot 0, never to a payload.",
+        reference="sglang#36404 (merged upstream after 0.5.23); findings §4",
+        versions=(),
+        test="tests/test_r3_padding_rows_guard.py::test_padding_rows_capture_guard",
+        upstream=True,
+    ),
+]
