@@ -17,18 +17,19 @@ def add_parser(sub) -> None:
 
 
 def cmd_status(args) -> int:
-    from sglang_patches.status import collect
+    from sglang_patches.status import GOOD_STATES, collect
 
     report = collect()
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"SGLang {report['sglang_version'] or '(not installed)'}; plugin {report['plugin']}: "
+        variant = report["variant"] or f"no reviewed variant: {report['variant_problem']}"
+        print(f"SGLang {report['sglang_version'] or '(not installed)'} (variant {variant}); plugin {report['plugin']}: "
               f"{report['plugin_problem'] or 'entry point installed'}")
         for r in report["fixes"]:
-            print(f"  {r['name']:<28} {r['family']:<13} {r['state']:<9} {r['reason']}")
+            print(f"  {r['name']:<28} {r['family']:<13} {r['state']:<10} {r['reason']}")
     if not report["ok"]:
-        bad = [r["name"] for r in report["fixes"] if r["state"] not in ("active", "upstream", "idle")]
+        bad = [r["name"] for r in report["fixes"] if r["state"] not in GOOD_STATES]
         print(f"error: fixes not active: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0

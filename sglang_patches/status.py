@@ -3,9 +3,9 @@ import os
 from importlib.metadata import entry_points
 
 from sglang_patches.plugin import PLUGIN_NAME
-from sglang_patches.registry import all_fixes, judge, sglang_version
+from sglang_patches.registry import all_fixes, detect, judge
 
-GOOD_STATES = ("active", "upstream", "idle")
+GOOD_STATES = ("active", "upstream", "not-needed", "absent", "idle")
 
 
 def plugin_problem():
@@ -20,11 +20,11 @@ def plugin_problem():
 
 
 def collect() -> dict:
-    ver = sglang_version()
+    found = detect()
     problem = plugin_problem()
     rows = []
     for fix in all_fixes():
-        v = judge(fix, ver)
+        v = judge(fix, found)
         state, reason = v.state, v.reason
         if problem and state == "active":
             state, reason = "refused", problem
@@ -33,15 +33,16 @@ def collect() -> dict:
              "test": fix.test, "reference": fix.reference}
         )
     ok = all(r["state"] in GOOD_STATES for r in rows)
-    return {"sglang_version": ver, "plugin": PLUGIN_NAME, "plugin_problem": problem, "ok": ok, "fixes": rows}
+    return {"sglang_version": found.version, "variant": found.variant.name if found.variant else None,
+            "variant_problem": found.refusal, "plugin": PLUGIN_NAME, "plugin_problem": problem, "ok": ok, "fixes": rows}
 
 
 def fixes_for_config(server_args: dict) -> list:
     """Which fixes a configuration (a dict of ServerArgs fields) needs, and their state here."""
-    ver = sglang_version()
+    found = detect()
     out = []
     for fix in all_fixes():
-        v = judge(fix, ver)
+        v = judge(fix, found)
         needed = bool(fix.needed(server_args)) if fix.needed else False
         out.append({"name": fix.name, "needed": needed, "state": v.state, "reason": v.reason})
     return out

@@ -10,20 +10,15 @@ correctly. Hooks are process-global, hence one process per state.
 Only the distributed context is simulated (which DP slot this process is, attn_tp size, the
 schedule numbers); every function under test is SGLang's own.
 """
-import json
-import os
 import sys
 import traceback
 from contextlib import ExitStack
 from types import SimpleNamespace
 from unittest import mock
 
-SCENARIOS = {}
+from scenario_runner import main, registry
 
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+SCENARIOS, scenario = registry()
 
 
 # ---------------------------------------------------------------- capturer extent (seed 004)
@@ -379,35 +374,5 @@ def verify_padding_k4_attn_tp8():
     return _verify_rows(bs=1, k=4, attn_tp=8)
 
 
-# ---------------------------------------------------------------- runner
-
-def run_all() -> dict:
-    out = {}
-    for name, fn in SCENARIOS.items():
-        try:
-            out[name] = fn()
-        except Exception as e:  # noqa: BLE001 - a crash is a scenario outcome
-            out[name] = {"ok": False, "detail": f"{type(e).__name__}: {e}",
-                         "trace": traceback.format_exc(limit=-3)}
-    return out
-
-
-def main(state: str) -> None:
-    if state == "none":
-        os.environ["SGLANG_PLUGINS"] = "none"
-    elif state == "source":
-        os.environ["SGLANG_PLUGINS"] = "none"
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()  # SGLang's own entry-point discovery, as in every server process
-    from sglang_patches import plugin
-
-    results = run_all()
-    import sglang
-
-    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
-    print("DP_SCENARIOS_JSON " + json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(SCENARIOS, sys.argv[1])

@@ -1,15 +1,65 @@
-"""Run `dp_scenarios.py` in fresh processes (one per state) and collect their JSON results."""
+"""Scenario scripts (`dp_scenarios*.py`): the in-process harness, and running them in fresh processes.
+
+A scenario script registers functions with `scenario`, and calls `main(SCENARIOS, state)` when run
+as `python <script> STATE` (plugin / none / source); it prints one JSON object
+{scenario: {"ok": bool, "detail": str}}. `run_states` runs one process per state, in any
+environment's interpreter (the version matrix passes `.venvs/sglang-<variant>/bin/python`).
+"""
 import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 MARK = "DP_SCENARIOS_JSON "
 
 
-def run_states(states, *, extra_env=None, timeout=300) -> dict:
+def registry():
+    """(SCENARIOS, scenario): a dict and the decorator that fills it."""
+    scenarios = {}
+
+    def scenario(fn):
+        scenarios[fn.__name__] = fn
+        return fn
+
+    return scenarios, scenario
+
+
+def run_all(scenarios: dict) -> dict:
+    out = {}
+    for name, fn in scenarios.items():
+        try:
+            out[name] = fn()
+        except Exception as e:  # noqa: BLE001 - a crash is a scenario outcome
+            out[name] = {"ok": False, "detail": f"{type(e).__name__}: {e}",
+                         "trace": traceback.format_exc(limit=-3)}
+    return out
+
+
+def main(scenarios: dict, state: str) -> None:
+    if state in ("none", "source"):
+        os.environ["SGLANG_PLUGINS"] = "none"
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # SGLang's own entry-point discovery, as in every server process
+    from sglang_patches import plugin
+
+    results = run_all(scenarios)
+    import sglang
+
+    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
+    print(MARK + json.dumps(results))
+
+
+def env_python(variant: str) -> Path:
+    """The interpreter of a version-matrix environment (scripts/setup_sglang_env.sh VARIANT)."""
+    return ROOT / ".venvs" / f"sglang-{variant}" / "bin" / "python"
+
+
+def run_states(states, *, script="dp_scenarios.py", python=None, extra_env=None, timeout=300) -> dict:
     """{state: results}; states run concurrently, each in its own interpreter."""
     procs = {}
     for state in states:
@@ -18,7 +68,7 @@ def run_states(states, *, extra_env=None, timeout=300) -> dict:
         env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
         env.update((extra_env or {}).get(state, {}))
         procs[state] = subprocess.Popen(
-            [sys.executable, str(HERE / "dp_scenarios.py"), state],
+            [str(python or sys.executable), str(HERE / script), state],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
     out = {}

@@ -9,13 +9,15 @@ import pytest
 
 from sglang_patches import registry
 from sglang_patches.fingerprint import TargetNotFound, fingerprint, source_of
-from sglang_patches.registry import Fix, Hook, all_fixes, judge
+from sglang_patches.registry import VARIANTS, Fix, Hook, Port, all_fixes, detect, judge
 
 CLI = [sys.executable, "-m", "rollout.cli"]
 
 
 def hooked_targets():
-    return sorted({h.target for f in all_fixes() for h in f.hooks})
+    """Targets hooked on the variant installed here."""
+    name = detect().variant.name
+    return sorted({h.target for f in all_fixes() if name in f.ports for h in f.ports[name].hooks})
 
 
 @pytest.mark.parametrize("target", hooked_targets())
@@ -28,11 +30,30 @@ def test_fingerprint_equals_inspect_getsource(target):
     assert fingerprint(target) == hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
 
 
-def test_every_active_fix_is_pinned_for_each_version():
+PENDING = {"0.5.15.post1", "0.5.15.post1+slime"}  # variants whose ports are still being written
+
+
+def test_every_fix_has_a_port_on_every_variant():
     for fix in all_fixes():
-        for ver in fix.versions:
-            assert {h.target for h in fix.hooks} <= set(fix.fingerprints[ver]), fix.name
         assert fix.defect and fix.reference and fix.test
+        if fix.family != "dp-attention":
+            continue  # other families may leave a variant unported: idle, or refused with a reason
+        for v in VARIANTS:
+            if v.name not in PENDING:
+                assert v.name in fix.ports, f"{fix.name}: no port for {v.name}"
+        for name, port in fix.ports.items():
+            assert name in {v.name for v in VARIANTS}, f"{fix.name}: port for unknown variant {name}"
+            assert {h.target for h in port.hooks} <= set(port.fingerprints), fix.name
+
+
+def test_hookless_port_needs_a_reason():
+    with pytest.raises(AssertionError):
+        Port(state="not-needed")
+    with pytest.raises(AssertionError):
+        Port(state="maybe", reason="r")
+    with pytest.raises(AssertionError):  # a hook without its reviewed fingerprint
+        Port(hooks=(Hook("sglang.x.f", None),))
+    assert Port(state="not-needed", reason="unreachable").state == "not-needed"
 
 
 def test_fix_states_on_pinned_sglang():
@@ -42,9 +63,9 @@ def test_fix_states_on_pinned_sglang():
 
 
 def _fake_fix(pin):
-    return Fix(name="fake", family="dp-attention", defect="d", reference="r", versions=("0.5.23",),
-               test="t", hooks=(Hook("sglang.srt.layers.dp_attention.dp_slot_in", lambda *a: None),),
-               fingerprints={"0.5.23": {"sglang.srt.layers.dp_attention.dp_slot_in": pin}})
+    target = "sglang.srt.layers.dp_attention.dp_slot_in"
+    return Fix(name="fake", family="dp-attention", defect="d", reference="r", test="t",
+               ports={"0.5.23": Port(hooks=(Hook(target, lambda *a: None),), fingerprints={target: pin})})
 
 
 def test_fingerprint_mismatch_refuses_with_reason():
@@ -54,9 +75,9 @@ def test_fingerprint_mismatch_refuses_with_reason():
 
 
 def test_missing_target_refuses():
-    fix = _fake_fix("x")
-    fix = Fix(**{**fix.__dict__, "hooks": (Hook("sglang.srt.layers.dp_attention.no_such_fn", None),),
-                 "fingerprints": {"0.5.23": {"sglang.srt.layers.dp_attention.no_such_fn": "x"}}})
+    target = "sglang.srt.layers.dp_attention.no_such_fn"
+    fix = Fix(name="fake", family="dp-attention", defect="d", reference="r", test="t",
+              ports={"0.5.23": Port(hooks=(Hook(target, None),), fingerprints={target: "x"})})
     v = judge(fix, "0.5.23")
     assert v.state == "refused" and "no_such_fn" in v.reason
     with pytest.raises(TargetNotFound):
@@ -64,14 +85,62 @@ def test_missing_target_refuses():
 
 
 @pytest.mark.parametrize("ver,needle", [
-    ("0.5.15.post1", "slime's image pins SGLang 0.5.15.post1"),
-    ("0.5.24", "not a reviewed version"),
-    (None, "SGLang is not installed"),
+    # the 0.5.23 tree here claiming to be 0.5.15.post1: its ModelRunner.forward is neither variant's
+    ("0.5.15.post1", "SGLang 0.5.15.post1 with an unknown edit: markers ModelRunner.forward"),
+    ("0.5.24", "SGLang 0.5.24 is not a reviewed version (reviewed: 0.5.23, 0.5.15.post1"),
 ])
-def test_unreviewed_versions_refuse_every_hook(ver, needle):
+def test_unreviewed_variants_refuse_every_hook(ver, needle):
     for fix in all_fixes():
         v = judge(fix, ver)
         assert v.state == "refused" and needle in v.reason
+
+
+def test_not_installed_refuses(monkeypatch):
+    monkeypatch.setattr(registry, "sglang_version", lambda: None)
+    assert detect().refusal == "SGLang is not installed"
+
+
+def _markers_of(variant_name):
+    return next(v for v in VARIANTS if v.name == variant_name).markers
+
+
+@pytest.mark.parametrize("variant", ["0.5.15.post1", "0.5.15.post1+slime"])
+def test_variant_told_apart_by_markers(variant):
+    """Recorded marker fingerprints (measured on the real trees) pick the variant; CI cannot build
+    slime's tree (no slime source), so this checks detection on the recorded digests."""
+    markers = _markers_of(variant)
+    found = detect("0.5.15.post1", fingerprint_fn=lambda t: markers[t])
+    assert found.variant.name == variant and found.refusal is None
+
+
+def test_marker_digests_differ_between_variants():
+    stock, slime = _markers_of("0.5.15.post1"), _markers_of("0.5.15.post1+slime")
+    assert set(stock) == set(slime) and all(stock[t] != slime[t] for t in stock)
+
+
+def test_unknown_marker_edit_refuses_with_one_line():
+    found = detect("0.5.15.post1", fingerprint_fn=lambda t: "0123456789abcdef")
+    assert found.variant is None and "\n" not in found.refusal
+    assert found.refusal.startswith("SGLang 0.5.15.post1 with an unknown edit: markers ModelRunner.forward "
+                                    "0123456789abcdef match no reviewed variant (0.5.15.post1, 0.5.15.post1+slime)")
+
+
+def test_plugin_logs_one_line_and_hooks_nothing_on_unknown_variant(monkeypatch, caplog):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_patches import plugin
+
+    monkeypatch.setattr(registry, "VARIANTS", (registry.Variant("0.5.23", "0.5.23", {
+        registry.MODEL_RUNNER_FORWARD: "0000000000000000"}),))
+    monkeypatch.setattr(plugin, "_registered", [])
+    registered = []
+    monkeypatch.setattr(HookRegistry, "register", lambda *a, **kw: registered.append(a))
+    with caplog.at_level("WARNING", logger="slime_moe_rollout"):
+        assert plugin.register() == []
+    assert registered == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "slime-moe-rollout: no fixes applied: SGLang 0.5.23 with an unknown edit: markers "
+        "ModelRunner.forward " + fingerprint(registry.MODEL_RUNNER_FORWARD) + " match no reviewed variant (0.5.23)"]
 
 
 def test_disable_env(monkeypatch):
@@ -93,7 +162,7 @@ def test_status_cli_json_and_exit_codes():
     ok = _cli("patches", "status", "--json")
     assert ok.returncode == 0, ok.stderr
     report = json.loads(ok.stdout)
-    assert report["sglang_version"] == "0.5.23" and report["ok"]
+    assert report["sglang_version"] == "0.5.23" and report["variant"] == "0.5.23" and report["ok"]
     excluded = _cli("patches", "status", env={"SGLANG_PLUGINS": "someone_else"})
     assert excluded.returncode == 1
     assert "excludes slime_moe_rollout" in excluded.stdout

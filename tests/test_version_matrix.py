@@ -1,0 +1,90 @@
+"""The version matrix: on every extra reviewed SGLang variant, in its own environment
+(`.venvs/sglang-<variant>`, built by `scripts/setup_sglang_env.sh`), `patches status` names the
+variant and is all good, and every fix's scenarios fail on the stock tree with the specific defect
+(the needle in the scenario's detail) and pass with the plugin loaded by SGLang's `load_plugins()`.
+
+`make test` builds the environments first and lists them in SLIME_MOE_ROLLOUT_MATRIX: a listed
+environment that is missing fails; an unlisted one is skipped (e.g. the slime variant without
+SLIME_SRC). 0.5.23, the main environment's version, is covered by test_dp_fixes.py.
+"""
+import importlib
+import json
+import os
+import subprocess
+
+import pytest
+
+from scenario_runner import ROOT, env_python, run_states
+
+# variant -> scenario script (module in tests/) whose EXPECT[variant] lists fixes and guards
+MATRIX = {
+    "0.5.15.post1": "dp_scenarios_v0_5_15",
+    "0.5.15.post1+slime": "dp_scenarios_v0_5_15",
+}
+REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())
+
+
+def python_of(variant):
+    py = env_python(variant)
+    if not py.exists():
+        if variant in REQUIRED:
+            pytest.fail(f"{py} missing: run scripts/setup_sglang_env.sh {variant}")
+        pytest.skip(f"no environment for SGLang {variant} (scripts/setup_sglang_env.sh {variant})")
+    return py
+
+
+def expect(variant):
+    return importlib.import_module(MATRIX[variant]).EXPECT[variant]
+
+
+def cases(kind):
+    return [(v, fix) for v in MATRIX for fix in expect(v)[kind]]
+
+
+_results = {}
+
+
+def results(variant):
+    if variant not in _results:
+        _results[variant] = run_states(["none", "plugin"], script=MATRIX[variant] + ".py",
+                                       python=python_of(variant), timeout=600)
+    return _results[variant]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", list(MATRIX))
+def test_status_names_variant_and_is_all_good(variant):
+    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
+                       capture_output=True, text=True, timeout=280, cwd=ROOT,
+                       env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
+    report = json.loads(r.stdout)
+    assert report["variant"] == variant, report["variant_problem"]
+    states = {f["name"]: f["state"] for f in report["fixes"] if f["family"] == "dp-attention"}
+    assert states == expect(variant)["states"]
+    assert r.returncode == 0 and report["ok"], r.stderr
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", list(MATRIX))
+def test_plugin_registers_the_variant_fixes(variant):
+    res = results(variant)
+    assert res["plugin"]["_meta"]["registered"] == expect(variant)["registered"]
+    assert res["none"]["_meta"]["registered"] == []
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant,fix", cases("fixes"))
+def test_fix_on_variant(variant, fix):
+    res = results(variant)
+    for name, needle in expect(variant)["fixes"][fix].items():
+        stock, fixed = res["none"][name], res["plugin"][name]
+        assert not stock["ok"] and needle in stock["detail"], f"{name}: stock SGLang {variant}: {stock}"
+        assert fixed["ok"], f"{name}: still wrong with the plugin: {fixed}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant,guard", cases("guards"))
+def test_guard_on_variant(variant, guard):
+    res = results(variant)
+    for state in ("none", "plugin"):
+        assert res[state][guard]["ok"], f"{state}: {res[state][guard]}"
