@@ -29,6 +29,11 @@ SLIME_GIT = Path("/work/.mirror/THUDM+slime/repo")
 E, K, LAYERS, DENSE = 160, 8, 92, 3
 
 
+def _routes(rng, rows, layers):
+    """Captured-looking routes: K distinct experts per row and layer."""
+    return (rng.integers(0, E, (rows, layers, 1)) + np.arange(K)) % E
+
+
 @pytest.mark.parametrize("ep", [1, 16, 32])
 def test_spread_routes_distinct_and_balanced_for_every_prefix(ep):
     for layer in (0, 3, 91):
@@ -44,8 +49,7 @@ def test_pack_replay_indices_spreads_pad_rows_and_keeps_real_rows():
     lay = MoELayout.from_first_k_dense(LAYERS, DENSE, E, K)
     rng = np.random.default_rng(0)
     lengths = [int(x) for x in rng.integers(20, 200, 64)]
-    samples = [np.stack([rng.permutation(E)[:K] for _ in range((t - 1) * lay.num_moe_layers)])
-               .reshape(t - 1, lay.num_moe_layers, K).astype(np.uint8) for t in lengths]
+    samples = [_routes(rng, t - 1, lay.num_moe_layers).astype(np.uint8) for t in lengths]
     per_layer = pack_replay_indices(samples, lay, token_lengths=lengths, pad_to_multiple=1024, ep_size=16)
     starts = np.cumsum([0] + lengths)
     real = np.concatenate([np.arange(s, s + t - 1) for s, t in zip(starts, lengths)])
@@ -131,8 +135,7 @@ def _worker():
 
         rng = np.random.default_rng(1)
         lengths = [int(x) for x in rng.integers(300, 3000, 8)]
-        experts = [torch.from_numpy(np.stack([rng.permutation(E)[:K] for _ in range((t - 1) * LAYERS)])
-                                    .reshape(t - 1, LAYERS, K).astype(np.int32)) for t in lengths]
+        experts = [torch.from_numpy(_routes(rng, t - 1, LAYERS).astype(np.int32)) for t in lengths]
         tokens = [torch.zeros(t, dtype=torch.long) for t in lengths]
         kw = dict(num_experts=E, data_pad_size_multiplier=1024, sequence_parallel=False, allgather_cp=False)
 
