@@ -22,6 +22,7 @@ import aiohttp
 import numpy as np
 
 from rollout.engines.readiness import auth_headers
+from rollout.routed_experts.retraction import retraction_reason
 from rollout.states import FINISH_STATUS, SampleStatus
 
 
@@ -295,7 +296,8 @@ class Dispatcher:
         if payload is None:
             sample.status, sample.error = SampleStatus.FAILED, "routed experts requested but missing from meta_info"
             return
-        arr, reason = self.decode_routed(payload, len(sample.tokens), start_len)
+        reason = retraction_reason(meta)  # miles#3277: routes recomputed under newer weights
+        arr, reason = (None, reason) if reason else self.decode_routed(payload, len(sample.tokens), start_len)
         if reason:
             sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"
             return

@@ -40,6 +40,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.draft_extend_real_rows",
     "sglang_patches.fixes.verify_padding_lcm",
     "sglang_patches.fixes.upstream_guards",
+    "sglang_patches.fixes.r3_guards",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
 )

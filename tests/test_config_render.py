@@ -20,7 +20,7 @@ SLIME_FLAGS_STANDIN = {
     "--use-rollout-routing-replay": 0, "--sglang-server-concurrency": 1, "--rollout-batch-size": 1,
     "--n-samples-per-prompt": 1, "--rollout-max-response-len": 1, "--rollout-temperature": 1,
     "--rollout-top-p": 1, "--rollout-top-k": 1, "--actor-num-nodes": 1, "--actor-num-gpus-per-node": 1,
-    "--colocate": 0, "--rollout-function-path": 1, "--rollout-external-engine-addrs": "+",
+    "--colocate": 0, "--rollout-function-path": 1, "--custom-megatron-init-path": 1, "--rollout-external-engine-addrs": "+",
 }
 
 
@@ -104,7 +104,8 @@ def test_seed_slime_args_match_slimes_glm45_script():
                  "--sglang-speculative-num-draft-tokens 4", "--use-rollout-routing-replay",
                  "--tensor-model-parallel-size 8", "--sequence-parallel", "--pipeline-model-parallel-size 4",
                  "--context-parallel-size 2", "--expert-model-parallel-size 16",
-                 "--expert-tensor-parallel-size 1", "--max-tokens-per-gpu 16384", "--moe-enable-deepep"):
+                 "--expert-tensor-parallel-size 1", "--max-tokens-per-gpu 16384", "--moe-enable-deepep",
+                 "--custom-megatron-init-path rollout.routed_experts.slime_replay_padding.install"):
         assert part in s, part
 
 

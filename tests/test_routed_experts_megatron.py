@@ -35,6 +35,7 @@ def test_megatron_router_replays_captured_experts():
     assert res["own_choice_differs_tokens"] > 0, res
     assert res["real_payload_replayed"] is True
     assert res["num_routers"] == 2 and res["packed_rows"] == 36
+    assert res["pad_rows_per_ep_rank_spread"] <= 1, res  # replay padding spread over the 4 EP ranks
 
 
 def _worker():
@@ -99,7 +100,7 @@ def _worker():
                 comp, reason = sample_routed_experts(real["meta_info"], real_tokens, lay)
                 assert reason is None, reason
                 compacts.append(comp)
-                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=12)
+                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=12, ep_size=4)
                 n = per_layer[0].shape[0]
                 packed = torch.zeros(n, 1, hidden)
                 packed[: sum(token_lengths)] = torch.cat(samples)  # slime thd packing, then padding rows
@@ -114,8 +115,11 @@ def _worker():
         real_rows = torch.arange(starts[2], starts[3] - 1)  # each sample's last token is a padding row
         real_sets = [torch.zeros(real_tokens - 1, lay.num_experts, dtype=torch.bool).scatter(
             1, torch.from_numpy(comp[:, j]).long(), True) for j in range(lay.num_moe_layers)]
+        pad_rows = torch.tensor(sorted(set(range(n)) - set(stand_in_rows.tolist()) - set(real_rows.tolist())))
+        pad_per_rank = [a[pad_rows].sum(0).view(4, -1).sum(1) for a in replayed]
         res = {
             "num_routers": len(trainer), "packed_rows": n,
+            "pad_rows_per_ep_rank_spread": max(int(c.max() - c.min()) for c in pad_per_rank),
             "replay_equal_all_tokens": all(torch.equal(a, b) for a, b in zip(replayed, expected)),
             "replay_equals_captured": all(torch.equal(a[stand_in_rows], c[stand_in_rows])
                                           for a, c in zip(replayed, captured)),

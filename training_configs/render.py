@@ -16,6 +16,7 @@ import shlex
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
 
 ADAPTER_ROLLOUT_FN = "rollout.slime_adapter.generate_rollout"
+REPLAY_PADDING_INIT = "rollout.routed_experts.slime_replay_padding.install"  # slime#2308
 ADAPTER_GENERATE_FN = "rollout.slime_adapter.generate"
 
 # ServerArgs fields slime sets itself and does not register as --sglang-* (slime-contract §1).
@@ -158,6 +159,9 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
         if mg.max_tokens_per_gpu:
             out += ["--max-tokens-per-gpu", str(mg.max_tokens_per_gpu)]
         out += fields_to_flags({k.replace("-", "_"): v for k, v in mg.extra_args.items()})
+        user_init = {k.replace("-", "_") for k in [*mg.extra_args, *cfg.slime.extra_args]} & {"custom_megatron_init_path"}
+        if g.routed_experts and not user_init:  # replay padding spread over EP ranks (slime#2308)
+            out += ["--custom-megatron-init-path", REPLAY_PADDING_INIT]
     elif mode == "plugin":
         out += ["--rollout-num-gpus", str(g.engines * g.gpus_per_engine)]
     if mode == "managed":

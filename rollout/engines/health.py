@@ -4,32 +4,115 @@ Only engines handed to `watch()` are probed, and the manager calls `watch()` aft
 engine is never probed inside a start-up phase (slime's monitor probes during cold compile and
 kills the engine on its first 503). An engine is declared dead after `failures` consecutive failed
 probes, or at once when its process is gone (checked every 0.25 s).
+
+Busy is not dead (sglang#22511): SGLang's `/health_generate` answers 503 when no scheduler output
+reached the HTTP server within its window (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s). 0.5.23 answers a
+probe after each forward while busy, so one forward longer than the window (a long unchunked or
+large-chunk prefill, a large batch) fails it. `http_probe` then looks for progress during the probe:
+the scheduler's `/v1/loads` snapshot changed (published after every prefill batch), or, for a local
+engine, its scheduler processes used CPU and none is stopped. Progress makes the probe pass as
+"busy"; CPU alone counts for at most `busy_budget_s` since the last snapshot change, so a scheduler
+spinning in a hang is still declared dead. A stopped (SIGSTOP) or hung scheduler shows neither.
+Remote engines have only the snapshot: keep `failures x interval_s` above the longest forward.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import time
-from typing import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
 from rollout.engines.readiness import auth_headers
 
-Probe = Callable[[object], Awaitable[None]]
+Probe = Callable[[object], Awaitable[Optional[str]]]  # raises = failed; returns a detail or None = ok
 OnDead = Callable[[object, str], Awaitable[None]]
 
 
-def http_probe(session: aiohttp.ClientSession, timeout_s: float) -> Probe:
-    """GET /health_generate; any non-200 or error is a failed probe."""
+def http_probe(session: aiohttp.ClientSession, timeout_s: float, busy_budget_s: float = 300.0) -> Probe:
+    """GET /health_generate. 200: healthy. Otherwise the probe passes as "busy ..." when the engine
+    made progress meanwhile (see module doc), and fails (raises) when it did not."""
+    last_snapshot: dict[str, tuple] = {}  # engine -> (snapshot, monotonic time it last changed)
 
-    async def probe(engine) -> None:
-        async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}")
+    async def probe(engine) -> str | None:
+        before = await progress_mark(session, engine, timeout_s)
+        try:
+            async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                if r.status == 200:
+                    return None
+                failure = f"HTTP {r.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            failure = str(e) or type(e).__name__
+        after = await progress_mark(session, engine, timeout_s)
+        now = time.monotonic()
+        seen, changed_at = last_snapshot.get(engine.name, (before.snapshot, now))
+        if after.snapshot is not None and after.snapshot != seen:
+            changed_at = now
+        last_snapshot[engine.name] = (after.snapshot, changed_at)
+        if after.snapshot is not None and after.snapshot != before.snapshot:
+            return f"busy ({failure}; scheduler iterated during the probe)"
+        if after.cpu_s is not None and before.cpu_s is not None and after.cpu_s > before.cpu_s \
+                and not after.stopped and now - changed_at < busy_budget_s:
+            return (f"busy ({failure}; scheduler used {after.cpu_s - before.cpu_s:.1f} s CPU, "
+                    f"no scheduler iteration for {now - changed_at:.0f} s)")
+        why = "scheduler stopped" if after.stopped else "no progress during the probe"
+        raise RuntimeError(f"{failure}; {why}")
 
     return probe
+
+
+@dataclass(frozen=True)
+class Progress:
+    snapshot: tuple | None  # /v1/loads per DP rank: (timestamp, counters); None when unreadable
+    cpu_s: float | None  # CPU seconds of the local scheduler processes; None for remote engines
+    stopped: bool = False  # a local scheduler process is stopped (SIGSTOP) or a zombie
+
+
+async def progress_mark(session: aiohttp.ClientSession, engine, timeout_s: float) -> Progress:
+    snapshot = None
+    try:
+        async with session.get(engine.url + "/v1/loads", params={"include": "core"},
+                               headers=auth_headers(engine.api_key),
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status == 200:
+                loads = (await r.json()).get("loads") or []
+                snapshot = tuple(tuple(ld.get(k) for k in LOAD_KEYS) for ld in loads) or None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        pass
+    cpu_s, stopped = scheduler_cpu(engine)
+    return Progress(snapshot, cpu_s, stopped)
+
+
+LOAD_KEYS = ("dp_rank", "timestamp", "total_prefill_busy_us", "total_prefill_uncached_tokens", "num_used_tokens",
+             "num_running_reqs", "num_waiting_reqs")
+
+
+def scheduler_cpu(engine) -> tuple:
+    """(CPU seconds of the engine's scheduler processes, any of them stopped); (None, False) when the
+    engine is not a local process tree."""
+    import psutil
+
+    if getattr(engine, "backend", "local") != "local" or getattr(engine, "pid", None) is None:
+        return None, False
+    try:
+        procs = psutil.Process(engine.pid).children(recursive=True)
+    except psutil.Error:
+        return None, False
+    total, stopped, found = 0.0, False, False
+    for p in procs:
+        try:
+            if "scheduler" not in p.name():
+                continue
+            found = True
+            stopped |= p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE)
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return (total if found else None), stopped
 
 
 class HealthMonitor:
@@ -71,8 +154,7 @@ class HealthMonitor:
 
     async def _probe_one(self, engine) -> None:
         try:
-            await self.probe(engine)
-            ok, detail = True, "ok"
+            ok, detail = True, (await self.probe(engine)) or "ok"
         except Exception as e:  # any failure counts; a probe never raises past here
             ok, detail = False, (str(e) or type(e).__name__)[:160]
         finally:

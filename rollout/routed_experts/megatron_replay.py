@@ -5,9 +5,10 @@ megatron-core 0.16.1: ``RouterReplay.set_replay_data(all_layers_topk_indices)`` 
 layer; each ``TopKRouter`` registers itself when ``TransformerConfig.moe_enable_routing_replay``).
 In ``RouterReplayAction.REPLAY_FORWARD`` the router uses them as its top-k and gathers the probs.
 
-Packing follows slime's convention (thd, one sequence after another): a sample of T tokens has
-T-1 routing rows, and gets one padding row ``arange(topk) % num_experts`` for its last token;
-``pad_to_multiple`` appends more such rows so the total matches a padded packed sequence.
+Packing follows slime's layout (thd, one sequence after another): a sample of T tokens has
+T-1 routing rows and one padding row for its last token; ``pad_to_multiple`` appends more padding
+rows so the total matches a padded packed sequence. Padding rows get routes spread over experts
+and ``ep_size`` ranks (``replay_padding``), not slime's fixed block that overloads one EP rank.
 CP / sequence-parallel slicing is not done here (the same row slicing as for tokens applies).
 """
 from typing import Optional, Sequence
@@ -16,21 +17,20 @@ import numpy as np
 
 from .errors import RoutedExpertsError
 from .layout import MoELayout
-
-
-def pad_row(layout: MoELayout) -> np.ndarray:
-    return np.arange(layout.topk) % layout.num_experts
+from .replay_padding import PAD, fill_pad_rows, pad_row_mask
 
 
 def pack_replay_indices(samples: Sequence, layout: MoELayout, token_lengths: Optional[Sequence[int]] = None,
                         pad_to_multiple: int = 1, local_moe_layers: Optional[Sequence[int]] = None,
-                        dtype=None) -> list:
+                        dtype=None, ep_size: int = 1) -> list:
     """Per-sample routing (compact ``[T-1, num_moe_layers, topk]``, or slime's
     ``[T-1, num_hidden_layers, topk]``) -> list over local MoE layers of ``[N, topk]`` tensors.
 
     ``local_moe_layers``: indices into ``layout.moe_layers`` owned by this pipeline stage (default all).
     ``token_lengths``: len(tokens) per sample, checked against the rows (T-1 each).
     ``dtype``: of the returned tensors, default ``torch.int64`` (what ``torch.topk`` gives the router).
+    ``ep_size``: the trainer's expert-parallel size, so padding rows spread evenly over its ranks.
+    A sample row with a negative id (no captured route, or a partially padded one) is refused.
     """
     import torch
     dtype = torch.int64 if dtype is None else dtype
@@ -44,13 +44,13 @@ def pack_replay_indices(samples: Sequence, layout: MoELayout, token_lengths: Opt
                 raise RoutedExpertsError(f"sample {i}: {a.shape[0]} routing rows for {t} tokens, expected {t - 1}")
     n = sum(a.shape[0] + 1 for a in arrays)
     n_total = -(-n // pad_to_multiple) * pad_to_multiple
-    out = np.empty((len(local), n_total, layout.topk), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-    out[:] = pad_row(layout)
+    out = np.full((n_total, len(local), layout.topk), PAD, dtype=np.int64)
     off = 0
     for a in arrays:
-        out[:, off:off + a.shape[0]] = a[:, local].transpose(1, 0, 2)
+        out[off:off + a.shape[0]] = a[:, local]
         off += a.shape[0] + 1  # the row after each sample stays a padding row
-    return list(torch.from_numpy(out).unbind(0))
+    fill_pad_rows(out, layout.num_experts, ep_size, [layout.moe_layers[j] for j in local])
+    return [torch.from_numpy(np.ascontiguousarray(out[:, j])).to(dtype) for j in range(len(local))]
 
 
 def load_replay(samples: Sequence, layout: MoELayout, **kwargs) -> list:
@@ -64,9 +64,12 @@ def load_replay(samples: Sequence, layout: MoELayout, **kwargs) -> list:
 def _moe_columns(a: np.ndarray, layout: MoELayout, i: int) -> np.ndarray:
     if a.ndim != 3 or a.shape[2] != layout.topk:
         raise RoutedExpertsError(f"sample {i}: routing shape {a.shape} is not [rows, layers, topk={layout.topk}]")
-    if a.shape[1] == layout.num_moe_layers:
-        return a
-    if a.shape[1] == layout.num_hidden_layers:
-        return a[:, list(layout.moe_layers)]
-    raise RoutedExpertsError(
-        f"sample {i}: {a.shape[1]} layers, expected {layout.num_moe_layers} (compact) or {layout.num_hidden_layers}")
+    if a.shape[1] == layout.num_hidden_layers and a.shape[1] != layout.num_moe_layers:
+        a = a[:, list(layout.moe_layers)]
+    elif a.shape[1] != layout.num_moe_layers:
+        raise RoutedExpertsError(
+            f"sample {i}: {a.shape[1]} layers, expected {layout.num_moe_layers} (compact) or {layout.num_hidden_layers}")
+    if np.issubdtype(a.dtype, np.signedinteger) and pad_row_mask(a, f"sample {i}: ").any():
+        row, col = (int(x[0]) for x in np.nonzero(pad_row_mask(a)))
+        raise RoutedExpertsError(f"sample {i}: row {row} MoE layer {col} has no captured route (all {PAD})")
+    return a
