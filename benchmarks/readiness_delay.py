@@ -29,6 +29,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
 from _tiny import one_engine_config, started_manager  # noqa: E402
 
+from rollout.states import EngineEvent  # noqa: E402
+
 SLIME_HEALTH_INTERVAL_S = 30.0  # slime/utils/arguments.py: --rollout-health-check-interval default
 SLIME_HEALTH_TIMEOUT_S = 30.0   # --rollout-health-check-timeout default
 
@@ -96,8 +98,8 @@ async def run(args):
     mgr = await started_manager(cfg, model, "bench-ready-", on_created=lambda m: box.__setitem__("mgr", m))
     try:
         await asyncio.to_thread(watcher.join, 600)
-        ev = {what.split(" ")[0]: t for t, _, what in mgr.events}
-        t_launch, t_ours, t_slime = ev["started"], ev["admitted"], box["slime_ready"]
+        ev = {e.kind: e.t for e in mgr.events}
+        t_launch, t_ours, t_slime = ev[EngineEvent.STARTED], ev[EngineEvent.ADMITTED], box["slime_ready"]
         print("readiness: 1 real SGLang CPU engine; seconds from launch to declared ready")
         print(f"  ours (health_generate + one-token probe per DP rank): {t_ours - t_launch:6.2f} s")
         print(f"  slime ({wait_what}, 2 s polls)     : {t_slime - t_launch:6.2f} s")
@@ -118,9 +120,9 @@ async def run(args):
         t_kill = time.monotonic()
         eng.kill(signal.SIGKILL)
         t_slime_dead = await slime
-        while not any(w.startswith("dead") for t, _, w in mgr.events if t >= t_kill):
+        while not any(e.kind == EngineEvent.DEAD for e in mgr.events if e.t >= t_kill):
             await asyncio.sleep(0.01)
-        t_ours_dead = min(t for t, _, w in mgr.events if t >= t_kill and w.startswith("dead"))
+        t_ours_dead = min(e.t for e in mgr.events if e.t >= t_kill and e.kind == EngineEvent.DEAD)
         stop.set()
         rollout.cancel()
         try:
