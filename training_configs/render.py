@@ -15,8 +15,8 @@ import shlex
 
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
 
-ADAPTER_ROLLOUT_FN = "rollout.slime_adapter.generate_rollout"
-ADAPTER_GENERATE_FN = "rollout.slime_adapter.generate"
+ADAPTER_ROLLOUT_FN = "rollout.slime.generate_rollout"
+ADAPTER_GENERATE_FN = "rollout.slime.generate"
 
 # ServerArgs fields slime sets itself and does not register as --sglang-* (slime-contract §1).
 SLIME_UNREGISTERED = frozenset({
