@@ -106,17 +106,20 @@ class StandInRouter:
 
 
 class StandInDataSource:
-    """slime's data-source interface (get_samples(n) -> list[list[Sample]]), prompts given as tokens."""
+    """slime's data-source interface (get_samples(n) -> list[list[Sample]]), prompts given as tokens;
+    numbered as slime's RolloutDataSource does: group_index per group, index unique per sample."""
 
     def __init__(self, prompts, n):
-        self.prompts, self.n, self.i = list(prompts), n, 0
+        self.prompts, self.n, self.i, self.k = list(prompts), n, 0, 0
 
     def get_samples(self, k):
         out = []
-        for _ in range(k):
+        for _ in range(min(k, len(self.prompts) - self.i)):
             p = self.prompts[self.i]
+            out.append([Sample(group_index=self.i, index=self.k + j, prompt="", tokens=list(p))
+                        for j in range(self.n)])
             self.i += 1
-            out.append([Sample(group_index=self.i, index=j, prompt="", tokens=list(p)) for j in range(self.n)])
+            self.k += self.n
         return out
 
 
@@ -166,7 +169,7 @@ def test_generate_rollout_returns_slime_groups(router):
     out = slime_adapter.generate_rollout(args, 5, StandInDataSource(prompts, 2))
     assert isinstance(out, RolloutFnTrainOutput)
     assert len(out.samples) == 3 and all(len(g) == 2 for g in out.samples)
-    assert [g[0].group_index for g in out.samples] == [1, 2, 3]     # slime sorts by index
+    assert [g[0].index for g in out.samples] == [0, 2, 4]     # slime sorts groups by index
     for g in out.samples:
         prompt = [p for p in prompts if g[0].tokens[:len(p)] == p][0]
         for s in g:
