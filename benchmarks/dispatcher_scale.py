@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     a = ap.parse_args()
-    from rollout.engine_launch import free_port
+    from rollout.engines.engine_launch import free_port
 
     ports = [free_port() for _ in range(a.engines)]
     ready = mp.Event()

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rollout.engine_launch import EngineOptions, launch, preset  # noqa: E402
+from rollout.engines.engine_launch import EngineOptions, launch, preset  # noqa: E402
 from rollout.tiny_model import build_tiny_glm  # noqa: E402
 
 PROMPTS = [

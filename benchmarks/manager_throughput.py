@@ -58,11 +58,11 @@ async def run(args):
     from rich.console import Console
     from rich.progress import Progress
 
-    from rollout.engine_launch import free_port
-    from rollout.lifecycle import LocalBackend
+    from rollout.engines.engine_launch import free_port
+    from rollout.engines.lifecycle import LocalBackend
     from rollout.manager import RolloutManager
-    from rollout.readiness import RichView
-    from rollout.run_cli import prompts_for
+    from rollout.engines.readiness import RichView
+    from rollout.cli.run import prompts_for
 
     cfg, model = one_engine_config(args.max_new_tokens)
     with Progress(console=Console(stderr=True), transient=True) as progress:

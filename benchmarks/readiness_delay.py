@@ -2,7 +2,7 @@
 
 One real SGLang CPU engine is started once; three watchers run side by side on that start:
   reference : GET /ready every 0.05 s -> the moment the server status turned Up
-  ours      : rollout.readiness.wait_ready (0.2 s polls) -> /health_generate 200 seen, then admitted
+  ours      : rollout.engines.readiness.wait_ready (0.2 s polls) -> /health_generate 200 seen, then admitted
               (admission also needs the one-token probe on every DP rank)
   2 s loop  : slime's wait: GET /health_generate every 2 s until 200
 Death detection is then timed on stand-in processes (see `death`). Printed: delays and ratios.
@@ -48,7 +48,7 @@ async def two_second_loop(session, eng, t0):
 
 
 async def ours(session, eng, budgets, t0):
-    from rollout.readiness import PHASES, wait_ready
+    from rollout.engines.readiness import PHASES, wait_ready
     info = await wait_ready(eng, budgets, session)
     t_admit = time.monotonic() - t0
     labels = [p.label for p in PHASES]
@@ -62,7 +62,7 @@ async def death(trials: int):
     wait loop), each killed with SIGKILL at a random phase of the 2 s loop."""
     import subprocess
 
-    from rollout.health import HealthMonitor
+    from rollout.engines.health import HealthMonitor
 
     class Proc:
         def __init__(self):
@@ -112,8 +112,8 @@ async def run(args):
     import aiohttp
 
     from rollout import config as rconfig
-    from rollout.engine_launch import free_port
-    from rollout.lifecycle import LocalBackend
+    from rollout.engines.engine_launch import free_port
+    from rollout.engines.lifecycle import LocalBackend
 
     cfg, model = one_engine_config()
     spec = rconfig.engine_specs(cfg, model, ports=[free_port()])[0]

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import aiohttp
 import numpy as np
 
-from rollout.readiness import auth_headers
+from rollout.engines.readiness import auth_headers
 
 
 @dataclass

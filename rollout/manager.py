@@ -22,9 +22,9 @@ from typing import Awaitable, Callable, Optional
 import aiohttp
 
 from rollout.dispatch import Dispatcher, Group, Sample
-from rollout.health import HealthMonitor, http_probe
-from rollout.lifecycle import EngineStartError
-from rollout.readiness import NullView, ReadinessError, auth_headers, wait_ready
+from rollout.engines.health import HealthMonitor, http_probe
+from rollout.engines.lifecycle import EngineStartError
+from rollout.engines.readiness import NullView, ReadinessError, auth_headers, wait_ready
 
 WeightHook = Callable[[object, str], Awaitable[None]]
 
@@ -199,7 +199,7 @@ class RolloutManager:
             await self.dispatcher.close(f"every engine is dead (last: {spec.name})")
 
     async def _wait_port(self, spec, budget_s: float = 15.0) -> None:
-        from rollout.lifecycle import port_in_use
+        from rollout.engines.lifecycle import port_in_use
         end = time.monotonic() + budget_s
         while port_in_use(spec.host, spec.port) and time.monotonic() < end:
             await asyncio.sleep(0.2)

@@ -38,7 +38,7 @@ class EnginePool:
         self.failures = {}  # key -> error text (a start that failed is not retried)
 
     def get(self, key: str, opts):
-        from rollout.engine_launch import launch
+        from rollout.engines.engine_launch import launch
 
         if key == self.key and self.engine is not None:
             return self.engine

@@ -8,7 +8,7 @@ import pytest
 from conftest import generate, hf_greedy
 from test_engine_single import check_routed, prompts
 
-from rollout.engine_launch import preset
+from rollout.engines.engine_launch import preset
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

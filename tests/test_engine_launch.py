@@ -2,7 +2,7 @@
 import pytest
 
 from rollout.cli import main
-from rollout.engine_launch import (
+from rollout.engines.engine_launch import (
     EngineOptions,
     free_port,
     parse_active_fixes,

@@ -8,7 +8,7 @@ import requests
 import pytest
 from conftest import decode_routed, generate, hf_greedy, hf_router_topk, pids_alive
 
-from rollout.engine_launch import preset
+from rollout.engines.engine_launch import preset
 from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 
 from rollout import config as rconfig
-from rollout.engine_launch import free_port
-from rollout.health import HealthMonitor, http_probe
-from rollout.lifecycle import EngineStartError, LocalBackend
+from rollout.engines.engine_launch import free_port
+from rollout.engines.health import HealthMonitor, http_probe
+from rollout.engines.lifecycle import EngineStartError, LocalBackend
 from rollout.manager import RolloutManager
-from rollout.readiness import ReadinessError, wait_ready
+from rollout.engines.readiness import ReadinessError, wait_ready
 from rollout.stream import GroupStream
 
 pytestmark = pytest.mark.slow

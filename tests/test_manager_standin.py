@@ -12,7 +12,7 @@ import pybase64
 from aiohttp import web
 
 from rollout.config import EngineSpec
-from rollout.engine_launch import free_port
+from rollout.engines.engine_launch import free_port
 from rollout.manager import RolloutManager, group_record, routed_decoder
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets

@@ -12,8 +12,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rollout import config as rconfig  # noqa: E402
-from rollout.engine_launch import free_port  # noqa: E402
-from rollout.lifecycle import group_pids  # noqa: E402
+from rollout.engines.engine_launch import free_port  # noqa: E402
+from rollout.engines.lifecycle import group_pids  # noqa: E402
 from rollout.manager import RolloutManager, group_record  # noqa: E402
 from rollout.stream import GroupStream, RayGroupQueue  # noqa: E402
 
@@ -36,7 +36,7 @@ def _ray_pids():
 
 
 def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
-    from rollout.ray_backend import RayBackend
+    from rollout.engines.ray_backend import RayBackend
 
     cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
     cfg.engine_groups[0].engines = 1

@@ -17,9 +17,9 @@ if __name__ != "__main__":
     import pytest
 
     from rollout.config import EngineSpec
-    from rollout.health import HealthMonitor
-    from rollout.lifecycle import EngineStartError, LocalBackend
-    from rollout.readiness import PHASES, ReadinessError, wait_ready
+    from rollout.engines.health import HealthMonitor
+    from rollout.engines.lifecycle import EngineStartError, LocalBackend
+    from rollout.engines.readiness import PHASES, ReadinessError, wait_ready
     from training_configs.schema import EngineGroup, ReadinessBudgets
 
 

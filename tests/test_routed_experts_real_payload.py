@@ -63,7 +63,8 @@ def test_real_continuation_without_start_len_is_rejected():
 def _capture():  # needs the real engine: a few minutes on 2 cores
     import requests
 
-    from rollout import engine_launch, tiny_model
+    from rollout import tiny_model
+    from rollout.engines import engine_launch
 
     eng = engine_launch.launch(engine_launch.preset("a", tiny_model.build_tiny_glm()), "/tmp/re_capture.log")
     try:

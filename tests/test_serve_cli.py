@@ -157,7 +157,7 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
 
     from rich.console import Console
 
-    from rollout.serve_cli import _supervise
+    from rollout.cli.serve import _supervise
 
     async def go():
         mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
@@ -180,7 +180,7 @@ def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
 
     from rich.console import Console
 
-    from rollout.serve_cli import _supervise
+    from rollout.cli.serve import _supervise
 
     async def go():
         mgr = _StandInManager(["tiny-0"])

@@ -406,7 +406,7 @@ def test_nextn_topk2_through_substitute_equals_transformers(tmp_path):
     import requests
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.engine_launch import EngineOptions, launch
+    from rollout.engines.engine_launch import EngineOptions, launch
     from rollout.tiny_model import build_tiny_glm
 
     model = build_tiny_glm(variant="always-match")

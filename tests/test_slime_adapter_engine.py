@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from conftest import hf_router_topk
 
-from rollout.slime import adapter as slime_adapter
-from rollout.engine_launch import preset
+from rollout.engines.engine_launch import preset
 from rollout.slime import RolloutFnTrainOutput, Sample
+from rollout.slime import adapter as slime_adapter
 from rollout.tiny_model import NUM_LAYERS, TOP_K
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]   # starts an engine: kept out of `make test`

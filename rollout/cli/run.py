@@ -86,9 +86,9 @@ def main(args) -> int:
 
 def _backend(kind: str, log_dir: str, cfg):
     if kind == "ray":
-        from rollout.ray_backend import RayBackend
+        from rollout.engines.ray_backend import RayBackend
         return RayBackend(log_dir, cpus_per_engine=1, init_kwargs={"num_cpus": max(2, os.cpu_count() or 2)})
-    from rollout.lifecycle import LocalBackend
+    from rollout.engines.lifecycle import LocalBackend
     return LocalBackend(log_dir)
 
 
@@ -96,9 +96,9 @@ async def _run(cfg, model_path: str, n: int, args, log_dir: str) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rollout.lifecycle import EngineStartError
+    from rollout.engines.lifecycle import EngineStartError
     from rollout.manager import RolloutManager, group_record
-    from rollout.readiness import ReadinessError, RichView
+    from rollout.engines.readiness import ReadinessError, RichView
     from rollout.stream import GroupStream
 
     console = Console(stderr=True)

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from rollout.readiness import auth_headers
+from rollout.engines.readiness import auth_headers
 
 Probe = Callable[[object], Awaitable[None]]
 OnDead = Callable[[object, str], Awaitable[None]]

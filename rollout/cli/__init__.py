@@ -9,9 +9,9 @@ from rollout.errors import CliError  # noqa: F401 - re-exported for sub-command 
 COMMANDS = [
     ("patches", "sglang_patches.cli"),
     ("config", "training_configs.cli"),
-    ("run", "rollout.run_cli"),
-    ("engine", "rollout.engine_cli"),
-    ("serve", "rollout.serve_cli"),
+    ("run", "rollout.cli.run"),
+    ("engine", "rollout.cli.engine"),
+    ("serve", "rollout.cli.serve"),
 ]
 
 

@@ -1,8 +1,8 @@
 """Engine lifecycle: start, watch and stop SGLang server processes. Two backends, one interface.
 
 `LocalBackend` runs each engine as a child process on this machine (the CPU demo, one node);
-`rollout.ray_backend.RayBackend` runs each engine inside a Ray actor placed with a placement group.
-Both return an `Engine` handle. The server command comes from `rollout.engine_launch.server_command`
+`rollout.engines.ray_backend.RayBackend` runs each engine inside a Ray actor placed with a placement group.
+Both return an `Engine` handle. The server command comes from `rollout.engines.engine_launch.server_command`
 (an argv list, never a shell); tests may pass their own `command(spec) -> (argv, env)`.
 """
 from __future__ import annotations
@@ -36,13 +36,13 @@ def port_in_use(host: str, port: int) -> bool:
 
 def default_command(spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
     """argv + env for a real SGLang server, from the engine area's `server_command`."""
-    from rollout import engine_launch as el
+    from rollout.engines import engine_launch as el
     return el.server_command(engine_options(spec))
 
 
 def engine_options(spec: EngineSpec):
     """Map one engine of a config group to engine_launch.EngineOptions (extra ServerArgs -> argv flags)."""
-    from rollout import engine_launch as el
+    from rollout.engines import engine_launch as el
     g = spec.group
     extra = dict(g.extra_sglang_args)
     extra.pop("device", None)  # server_command always passes --device cpu

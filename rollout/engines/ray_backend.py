@@ -15,7 +15,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rollout.lifecycle import EngineStartError, default_command
+from rollout.engines.lifecycle import EngineStartError, default_command
 
 
 @ray.remote
@@ -23,7 +23,7 @@ class EngineActor:
     """Owns one SGLang server process on the node it was placed on."""
 
     def __init__(self, argv, env, log_path, host, port):
-        from rollout.lifecycle import ServerProcess, port_in_use
+        from rollout.engines.lifecycle import ServerProcess, port_in_use
         if port_in_use(host, port):
             raise EngineStartError(f"port {port} on {host} is already taken")
         self.proc = ServerProcess(argv, env, log_path, die_with_parent=True)
@@ -35,7 +35,7 @@ class EngineActor:
         return self.proc.returncode()
 
     def log_tail(self, n: int = 20) -> list:
-        from rollout.lifecycle import read_tail
+        from rollout.engines.lifecycle import read_tail
         return read_tail(self.proc.log_path, n)
 
     def kill(self, sig: int) -> None:
@@ -87,7 +87,7 @@ class RayEngine:
         try:
             return self._call("log_tail", n)
         except Exception:
-            from rollout.lifecycle import read_tail
+            from rollout.engines.lifecycle import read_tail
             return read_tail(self.log_path, n)  # same node (local cluster)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -111,7 +111,7 @@ class RayEngine:
             pass
 
     def leftover_pids(self) -> list:
-        from rollout.lifecycle import group_pids
+        from rollout.engines.lifecycle import group_pids
         return group_pids(self.pid)  # local cluster: the engine ran on this node
 
 

@@ -4,7 +4,7 @@ import time
 
 
 def add_parser(sub) -> None:
-    from rollout.engine_launch import PRESETS
+    from rollout.engines.engine_launch import PRESETS
     from rollout.tiny_model import VARIANTS
 
     p = sub.add_parser("engine", help="real SGLang on CPU: tiny model, launch, start-up report")
@@ -41,7 +41,7 @@ def _build(args) -> int:
 
 def _launch(args) -> int:
     from rollout.cli import CliError
-    from rollout.engine_launch import launch, preset
+    from rollout.engines.engine_launch import launch, preset
     from rollout.tiny_model import build_tiny_glm, default_path
 
     if args.budget <= 0 or args.max_new_tokens < 1:
@@ -57,7 +57,7 @@ def _launch(args) -> int:
         env["SGLANG_PLUGINS"] = "none"
     if args.disable:
         env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     log = args.log or os.path.join(root, ".cache", "logs", f"engine-{args.config}.log")
     eng = launch(preset(args.config, model, env=env), log)
     print(f"engine {args.config}: pid {eng.pid}, {eng.url}, log {log}")

@@ -84,10 +84,10 @@ async def _serve(cfg, model_path: str, args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rollout.lifecycle import EngineStartError
+    from rollout.engines.lifecycle import EngineStartError
     from rollout.manager import RolloutManager
-    from rollout.readiness import ReadinessError, RichView
-    from rollout.run_cli import _backend
+    from rollout.engines.readiness import ReadinessError, RichView
+    from rollout.cli.run import _backend
     from training_configs.render import render
 
     console = Console(stderr=True)
