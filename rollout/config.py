@@ -22,7 +22,7 @@ class EngineSpec:
     index: int
     host: str
     port: int
-    api_key: str
+    api_key: str         # "" = keyless engine (rollout.engine_auth: none)
     model_path: str
 
     @property
@@ -57,7 +57,7 @@ def resolve_model(cfg: TrainingConfig, root: str = ".", build: bool = True) -> s
 def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = None,
                  ports: list[int] | None = None) -> list[EngineSpec]:
     """One spec per engine of every group. Ports: `ports` if given, else base_port + 10*i."""
-    key = api_key or cfg.rollout.api_key or secrets.token_hex(16)
+    key = "" if cfg.rollout.engine_auth == "none" else (api_key or cfg.rollout.api_key or secrets.token_hex(16))
     specs, i = [], 0
     for g in cfg.engine_groups:
         for k in range(g.engines):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
+from training_configs.slime_check import slime_num_gpus_per_node
 
 ADAPTER_ROLLOUT_FN = "rollout.slime.generate_rollout"
 ADAPTER_GENERATE_FN = "rollout.slime.generate"
@@ -125,7 +126,8 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
                           "(several groups need slime's --sglang-config, which is not rendered)")
     g = cfg.engine_groups[0]
     fields = server_fields(cfg, g)
-    out = ["--hf-checkpoint", cfg.model.path, "--rollout-num-gpus-per-engine", str(g.gpus_per_engine)]
+    out = ["--hf-checkpoint", cfg.model.path, "--rollout-num-gpus-per-engine", str(g.gpus_per_engine),
+           "--num-gpus-per-node", str(slime_num_gpus_per_node(cfg, mode))]
     sglang = {k: v for k, v in fields.items() if k not in SLIME_UNREGISTERED}
     bad = sorted(set(g.extra_sglang_args) & SLIME_UNREGISTERED)
     if bad:

@@ -31,7 +31,7 @@ class EngineOptions:
     routed_experts: bool = False
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None -> a free port
-    api_key: Optional[str] = None  # None -> generated
+    api_key: Optional[str] = None  # None -> generated; "" -> no key (slime's managed mode)
     attention_backend: Optional[str] = None  # None -> intel_amx with speculative decoding, else SGLang's choice
     mem_fraction_static: float = 0.05
     max_total_tokens: int = 4096
@@ -62,7 +62,7 @@ def resolve(opts: EngineOptions) -> EngineOptions:
     return replace(
         opts,
         port=opts.port or free_port(opts.host),
-        api_key=opts.api_key or secrets.token_hex(16),
+        api_key=secrets.token_hex(16) if opts.api_key is None else opts.api_key,
     )
 
 
@@ -97,7 +97,7 @@ def server_command(opts: EngineOptions) -> tuple:
         "--device", "cpu",
         "--host", opts.host,
         "--port", str(opts.port),
-        "--api-key", opts.api_key,
+        *(["--api-key", opts.api_key] if opts.api_key else []),
         "--tp-size", str(opts.tp),
         "--dp-size", str(opts.dp),
         "--mem-fraction-static", str(opts.mem_fraction_static),
@@ -158,7 +158,7 @@ class EngineProcess:
         return self.opts.api_key
 
     def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def alive(self) -> bool:
         return self.popen.poll() is None
