@@ -70,13 +70,13 @@ def test_train_data_and_dp_schedule(router):
     from slime.utils.dp_schedule import build_dp_schedule
     args, out = _rollout(router.port)
     train = _train_data(r, args, out)                    # runs slime's R3 validation too
-    assert train["rollout_ids"] == list(range(8))        # 8 executions, 8 rollout ids
-    assert [len(x) for x in train["loss_masks"]] == train["response_lengths"]
-    assert all(tuple(x.shape)[1:] == (3, 4) for x in train["rollout_routed_experts"])
-    parts, _, nmb, gbs = build_dp_schedule(
+    parts, _, nmb, gbs = build_dp_schedule(              # asserts num_rollouts >= global_batch_size
         args, {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1},
         [len(t) for t in train["tokens"]], global_batch_size=8, rollout_indices=train["rollout_ids"])
     assert sorted(sum(parts, [])) == list(range(8)) and gbs == [8]
+    assert train["rollout_ids"] == list(range(8))        # 8 executions, 8 rollout ids
+    assert [len(x) for x in train["loss_masks"]] == train["response_lengths"]
+    assert all(tuple(x.shape)[1:] == (3, 4) for x in train["rollout_routed_experts"])
 
 
 def test_replay_preparation(router, tmp_path):
