@@ -195,10 +195,12 @@ class _Sink:
         self.started = 0   # slime's remaining_batch_size: groups submitted minus groups dropped
 
     async def put(self, group) -> bool:
-        if group.group_id in self.seen or len(self.groups) >= self.target:
+        if group.group_id in self.seen:
             return False
         self.seen.add(group.group_id)
         slime_group, _ = self.pending.pop(group.group_id)
+        if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
+            return False
         for dst, src in zip(slime_group, group.samples):
             fill_sample(self.args, dst, src, self.layout)
         slime_group = await _finish_group(self.args, slime_group)
