@@ -11,7 +11,8 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
 3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
 slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
 functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
-Prints one line per step; exits 1 on the first failure.
+Prints one line per step ([ok] / [FAILED] / [GAP] for what this environment cannot show); exits 1 on
+the first failure.
 """
 import itertools
 import json
@@ -19,6 +20,9 @@ import os
 import sys
 import tempfile
 from types import SimpleNamespace
+
+
+GAPS: list = []
 
 
 async def length_reward(args, sample):
@@ -63,7 +67,7 @@ def slime_args(cfg, model_path, addrs):
         partial_rollout=False, mask_offpolicy_in_partial_rollout=False, group_rm=False,
         custom_rm_path="check_against_slime.length_reward", custom_generate_function_path=None,
         dynamic_sampling_filter_path=None, rollout_sample_filter_path=None, rollout_all_samples_process_path=None,
-        rollout_sample_hook_path=None, ci_test=False, router_policy=None, sglang_speculative_algorithm=None,
+        rollout_sample_hook_path=None, ci_test=False, sglang_speculative_algorithm=None,
         reward_key=None, eval_reward_key=None, advantage_estimator="grpo", rewards_normalization=True,
         grpo_std_normalization=True, custom_convert_samples_to_train_data_path=None, eval_datasets=[],
         eval_max_prompt_len=None, multimodal_keys=None, apply_chat_template=False,
@@ -80,8 +84,13 @@ def train_data(args, samples):
     mgr.args, mgr.custom_convert_samples_to_train_data_func, mgr.custom_reward_post_process_func = args, None, None
     data = mgr._convert_samples_to_train_data(samples)
     re = data.get("rollout_routed_experts") or []
-    return (f"{len(samples)} samples, rollout_ids {data['rollout_ids']}, response_lengths "
-            f"{data['response_lengths']}, routed experts {[tuple(x.shape) for x in re][:2]}...")
+    if args.use_rollout_routing_replay and not re:
+        GAPS.append("no routed experts reached slime: the router forwarded /generate without "
+                    "return_routed_experts (PyPI sglang-router drops it; slime's image ships a patched router)")
+        print(f"[GAP] {GAPS[-1]}", flush=True)
+    return (f"{len(samples)} samples, status {sorted({s.status.value for s in samples})}, rollout_ids "
+            f"{data['rollout_ids']}, response_lengths {data['response_lengths']}, routed experts "
+            f"{[tuple(x.shape) for x in re][:2]}")
 
 
 def step(name, fn):
@@ -109,8 +118,10 @@ def main(config, model_path, addrs):
          lambda: [(i.url, i.worker_type, i.num_gpus) for i in infos.extend(external.discover_external_engines(addrs))
                   or infos])
     args.rollout_num_gpus = sum(i.num_gpus for i in infos)
-    step("slime's router (_start_router)", lambda: "%s:%s" % _start_router(args))
-    args.sglang_router_ip, args.sglang_router_port = _start_router(args)
+    def router():
+        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
+        return f"{args.sglang_router_ip}:{args.sglang_router_port}"
+    step("slime's router (_start_router)", router)
     # FAKE of slime's GPU-id mapping only (it needs a CUDA device); base_gpu_id is a skipped field
     sglang_engine.accelerator.resolve_visible_device_id = int
     engines = []

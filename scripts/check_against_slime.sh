@@ -52,6 +52,8 @@ done
 ADDRS=$(head -1 "$WORK/addrs")
 grep -E '^(ready|WARNING)' "$WORK/serve.err" || true
 MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.resolve_model(c.load('$CONFIG'), build=False))")
-timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS 2>"$WORK/client.err" \
-  || { tail -30 "$WORK/client.err" >&2; exit 1; }
+timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS \
+  2>"$WORK/client.err" > "$WORK/client.out" || rc=$?
+grep -E '^\[(ok|FAILED|GAP)\]' "$WORK/client.out" || true     # slime's router logs to stdout too
+if [ "${rc:-0}" != 0 ]; then tail -30 "$WORK/client.err" >&2; exit 1; fi
 echo "all slime checks passed against $ADDRS"
