@@ -266,6 +266,6 @@ def test_custom_generate_budget_is_the_total_response_length(router):
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():
     if slime_adapter.SLIME_AVAILABLE:
-        pytest.skip("slime importable: the eval path is covered by tests/test_slime_real.py")
+        pytest.skip("slime importable: the eval path runs in tests/test_slime_real.py")
     with pytest.raises(RuntimeError, match=r"evaluation=True .* needs slime importable"):
         slime_adapter.generate_rollout(SimpleNamespace(), 0, None, evaluation=True)

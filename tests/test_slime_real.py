@@ -124,6 +124,33 @@ def test_sample_hooks_and_dynamic_filter_are_slimes(router, monkeypatch):
     assert [1, 2, 3] not in [g[0].tokens[:3] for g in out.samples] and len(out.samples) == 4
 
 
+def test_evaluation_returns_slimes_eval_output(router, tiny_model, tmp_path):
+    """slime's default --eval-function-path is the rollout function: evaluation=True runs slime's eval."""
+    from slime.utils import http_utils
+    from slime.utils.eval_config import EvalDatasetConfig
+
+    from rollout.slime import RolloutFnEvalOutput, generate_rollout
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "label": ""}) + "\n" for p in ("a b c", "d e")))
+    args, _ = _rollout(router.port)
+    for k, v in dict(hf_checkpoint=tiny_model, rollout_global_dataset=True, rollout_num_engines=1,
+                     use_distributed_post=False, eval_max_prompt_len=None, multimodal_keys=None,
+                     apply_chat_template=False, apply_chat_template_kwargs=None, eval_min_new_tokens=None,
+                     eval_reward_key=None, ci_test=False, sglang_dp_size=1, rollout_stop=None,
+                     rollout_stop_token_ids=None, rollout_skip_special_tokens=False, group_rm=False,
+                     custom_generate_function_path=None, rollout_sample_hook_path=None,
+                     mask_offpolicy_in_partial_rollout=False, sglang_speculative_algorithm=None).items():
+        setattr(args, k, v)
+    args.eval_datasets = [EvalDatasetConfig(name="tiny", path=str(data), input_key="prompt", label_key="label",
+                                            max_response_len=3, n_samples_per_eval_prompt=2, temperature=0.0,
+                                            top_p=1.0, top_k=-1)]
+    http_utils.init_http_client(args)
+    out = generate_rollout(args, 3, None, evaluation=True)
+    assert isinstance(out, RolloutFnEvalOutput) and list(out.data) == ["tiny"]
+    d = out.data["tiny"]
+    assert d["rewards"] == [3.0] * 4 and d["truncated"] == [True] * 4 and len(d["samples"]) == 4
+
+
 _SEEN: list = []
 
 
