@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass
+from typing import Optional
 
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
 
@@ -24,6 +25,14 @@ class EngineSpec:
     port: int
     api_key: str         # "" = keyless engine (rollout.engine_auth: none)
     model_path: str
+    device: str = "cpu"             # cluster.device: the command builder's profile
+    gpus_per_node: int = 1          # cluster.gpus_per_node: nodes per engine = gpus_per_engine // this
+    gpu_offset: int = 0             # global index of the engine's first GPU (slime's placement order)
+    tokenizer_path: Optional[str] = None
+
+    @property
+    def nnodes(self) -> int:
+        return max(1, self.group.gpus_per_engine // self.gpus_per_node)
 
     @property
     def url(self) -> str:
@@ -58,10 +67,14 @@ def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = Non
                  ports: list[int] | None = None) -> list[EngineSpec]:
     """One spec per engine of every group. Ports: `ports` if given, else base_port + 10*i."""
     key = "" if cfg.rollout.engine_auth == "none" else (api_key or cfg.rollout.api_key or secrets.token_hex(16))
-    specs, i = [], 0
+    specs, i, gpu = [], 0, 0
+    c = cfg.cluster
     for g in cfg.engine_groups:
         for k in range(g.engines):
             port = ports[i] if ports else cfg.rollout.base_port + 10 * i
-            specs.append(EngineSpec(f"{g.name}-{k}", g, k, cfg.rollout.host, port, key, model_path))
+            specs.append(EngineSpec(f"{g.name}-{k}", g, k, cfg.rollout.host, port, key, model_path,
+                                    device=c.device, gpus_per_node=c.gpus_per_node, gpu_offset=gpu,
+                                    tokenizer_path=cfg.model.tokenizer_path))
             i += 1
+            gpu += g.gpus_per_engine
     return specs

@@ -31,11 +31,40 @@ def add_parser(sub) -> None:
     la.add_argument("--serve", action="store_true", help="keep serving until Ctrl-C")
     la.set_defaults(func=_launch)
 
+    pl = esub.add_parser("plan", help="print every engine's per-node SGLang command for a config; starts nothing")
+    pl.add_argument("--config", required=True, help="training config YAML")
+    pl.add_argument("--hosts", default=None,
+                    help="comma-separated address of every cluster node (default: node-<i> on cuda, "
+                         "rollout.host on cpu)")
+    pl.add_argument("--model-path", default=None, help="checkpoint path to put in the commands (default: model.path)")
+    pl.set_defaults(func=_plan)
+
 
 def _build(args) -> int:
     from rollout.tiny_model import build_tiny_glm
 
     print(build_tiny_glm(args.path, variant=args.variant, seed=args.seed))
+    return 0
+
+
+def _plan(args) -> int:
+    from rollout import config as rconfig
+    from rollout.cli import CliError
+    from rollout.engines.command import plan
+
+    try:
+        cfg = rconfig.load(args.config)
+        hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else None
+        engines = plan(cfg, args.model_path, hosts)
+    except (rconfig.ConfigError, ValueError) as e:
+        raise CliError(str(e).splitlines()[0]) from None
+    nodes = sum(len(e) for e in engines)
+    print(f"# {cfg.name}: {len(engines)} engine(s), {nodes} node command(s), device {cfg.cluster.device}; "
+          f"node 0 of each engine serves HTTP; the API key goes in a 0600 file passed with --config")
+    for cmds in engines:
+        for c in cmds:
+            print(f"# engine {c.engine} node {c.node_rank}/{c.nnodes} on {c.host}")
+            print(c.shell())
     return 0
 
 
@@ -67,7 +96,7 @@ def _launch(args) -> int:
         if args.prompt:
             _sample(eng, args.prompt, args.max_new_tokens)
         if args.serve:
-            print(f"serving at {eng.url} (API key {eng.api_key}); Ctrl-C stops it")
+            print(f"serving at {eng.url} (API key in the 0600 file {eng.proc.secret_path}); Ctrl-C stops it")
             while eng.alive():
                 time.sleep(1)
     except (RuntimeError, TimeoutError) as e:

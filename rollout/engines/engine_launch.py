@@ -1,19 +1,19 @@
-"""Launch real SGLang on CPU: argv and env for a configuration, a process handle, a clean stop.
+"""The engine issue's presets (a), (b), (c) on CPU: options, a process handle, log parsers.
 
-`server_command(opts)` builds the argv (never a shell string) and the full environment;
-`launch(opts, log_path)` starts it in its own session and returns an `EngineProcess`, whose
-`stop()` ends the whole process tree (checked by PID, no orphans).
+`server_command(opts)` builds (argv, env) with the one command builder (`rollout.engines.command`);
+`launch(opts, log_path)` starts it with the one spawner (`rollout.engines.process.ServerProcess`) and
+returns an `EngineProcess`, whose `stop()` ends the whole process tree (checked by PID, no orphans).
 """
 import os
 import re
 import secrets
-import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
+
+from rollout.engines import command as cmd
+from rollout.engines.process import ServerProcess
 
 PLUGIN_LINE = "slime-moe-rollout plugin: active fixes:"
 
@@ -66,88 +66,55 @@ def resolve(opts: EngineOptions) -> EngineOptions:
     )
 
 
+def options_fields(opts: EngineOptions) -> dict:
+    """ServerArgs fields of preset options (host, port and key are added by the builder)."""
+    f = {"model_path": opts.model_path, "tp_size": opts.tp, "dp_size": opts.dp,
+         "mem_fraction_static": opts.mem_fraction_static, "max_total_tokens": opts.max_total_tokens}
+    if opts.ep > 1:
+        f["ep_size"] = opts.ep
+    if opts.moe_dense_tp is not None:
+        f["moe_dense_tp_size"] = opts.moe_dense_tp
+    f["enable_dp_attention"] = opts.enable_dp_attention
+    f["enable_dp_lm_head"] = opts.enable_dp_lm_head
+    f["enable_return_routed_experts"] = opts.routed_experts
+    if opts.speculative is not None:
+        s = opts.speculative
+        f.update(speculative_algorithm=s["algorithm"], speculative_num_steps=s["num_steps"],
+                 speculative_eagle_topk=s["eagle_topk"], speculative_num_draft_tokens=s["num_draft_tokens"])
+    if opts.attention_backend:
+        f["attention_backend"] = opts.attention_backend
+    return f
+
+
 def rank_count(opts: EngineOptions) -> int:
-    """Scheduler processes SGLang starts: DP attention puts the dp ranks inside tp."""
-    return opts.tp if opts.enable_dp_attention else opts.tp * opts.dp
+    return cmd.rank_count(options_fields(opts))
 
 
-def thread_binding(ranks: int, cpus: Optional[list] = None) -> str:
-    """SGLANG_CPU_OMP_THREADS_BIND value: the available CPUs split among ranks (shared when fewer)."""
-    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
-    if ranks <= len(cpus):
-        per = len(cpus) // ranks
-        groups = [cpus[i * per : (i + 1) * per] for i in range(ranks)]
-    else:
-        groups = [[cpus[i % len(cpus)]] for i in range(ranks)]
-    return "|".join(_cpu_range(g) for g in groups)
+thread_binding = cmd.thread_binding
 
 
-def _cpu_range(group: list) -> str:
-    if len(group) > 1 and group == list(range(group[0], group[-1] + 1)):
-        return f"{group[0]}-{group[-1]}"
-    return ",".join(str(c) for c in group)
+def node_command(opts: EngineOptions) -> cmd.NodeCommand:
+    opts = resolve(opts)
+    return cmd.build("preset", options_fields(opts), device="cpu", port=opts.port, api_key=opts.api_key,
+                     extra_flags=opts.extra_args, env=opts.env, host=opts.host)
 
 
 def server_command(opts: EngineOptions) -> tuple:
-    """(argv, env) for `python -m sglang.launch_server` on CPU."""
-    opts = resolve(opts)
-    argv = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", opts.model_path,
-        "--device", "cpu",
-        "--host", opts.host,
-        "--port", str(opts.port),
-        *(["--api-key", opts.api_key] if opts.api_key else []),
-        "--tp-size", str(opts.tp),
-        "--dp-size", str(opts.dp),
-        "--mem-fraction-static", str(opts.mem_fraction_static),
-        "--max-total-tokens", str(opts.max_total_tokens),
-        "--skip-server-warmup",
-    ]
-    if opts.ep > 1:
-        argv += ["--ep-size", str(opts.ep)]
-    if opts.moe_dense_tp is not None:
-        argv += ["--moe-dense-tp-size", str(opts.moe_dense_tp)]
-    if opts.enable_dp_attention:
-        argv.append("--enable-dp-attention")
-    if opts.enable_dp_lm_head:
-        argv.append("--enable-dp-lm-head")
-    if opts.routed_experts:
-        argv.append("--enable-return-routed-experts")
-    backend = opts.attention_backend
-    if opts.speculative is not None:
-        s = opts.speculative
-        argv += [
-            "--speculative-algorithm", str(s["algorithm"]),
-            "--speculative-num-steps", str(s["num_steps"]),
-            "--speculative-eagle-topk", str(s["eagle_topk"]),
-            "--speculative-num-draft-tokens", str(s["num_draft_tokens"]),
-        ]
-        backend = backend or "intel_amx"  # the only CPU backend with EAGLE draft/verify support
-    if backend:
-        argv += ["--attention-backend", backend]
-    argv += [str(a) for a in opts.extra_args]
-
-    env = dict(os.environ)
-    env["SGLANG_USE_CPU_ENGINE"] = "1"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    ranks = rank_count(opts)
-    if ranks > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in opts.env:
-        env["SGLANG_CPU_OMP_THREADS_BIND"] = thread_binding(ranks)
-    env.update({k: str(v) for k, v in opts.env.items()})
-    return argv, env
+    """(argv, env) for `python -m sglang.launch_server` on CPU; the API key is not on argv."""
+    c = node_command(opts)
+    return c.argv, c.env
 
 
 @dataclass
 class EngineProcess:
-    popen: subprocess.Popen
+    proc: ServerProcess
     opts: EngineOptions
     log_path: str
     started_at: float = field(default_factory=time.time)
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self.proc.pid
 
     @property
     def url(self) -> str:
@@ -161,7 +128,7 @@ class EngineProcess:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return self.proc.alive()
 
     def log_text(self) -> str:
         try:
@@ -171,16 +138,11 @@ class EngineProcess:
             return ""
 
     def log_tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
+        text = self.log_text()
+        return "\n".join((text.replace(self.api_key, "***") if self.api_key else text).splitlines()[-n:])
 
     def tree_pids(self) -> list:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-            return [self.pid] + [c.pid for c in root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return self.proc.tree_pids()
 
     def wait_ready(self, budget_s: float = 300.0, on_tick: Optional[Callable[[float], None]] = None) -> float:
         """Wait until `/health` answers 200; returns seconds since launch. Raises on exit or timeout."""
@@ -189,7 +151,7 @@ class EngineProcess:
         deadline = self.started_at + budget_s
         while True:
             if not self.alive():
-                raise RuntimeError(f"engine exited with {self.popen.returncode} before it was ready; "
+                raise RuntimeError(f"engine exited with {self.proc.returncode()} before it was ready; "
                                    f"log {self.log_path}:\n{self.log_tail()}")
             try:
                 r = requests.get(self.url + "/health", headers=self.headers(), timeout=5)
@@ -204,44 +166,8 @@ class EngineProcess:
             time.sleep(1.0)
 
     def stop(self, timeout: float = 30.0) -> list:
-        """SIGTERM the launcher, then SIGKILL whatever of its tree is left. Returns PIDs still alive."""
-        import psutil
-
-        procs = []
-        for pid in self.tree_pids():
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        if self.alive():
-            try:
-                self.popen.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        _, left = psutil.wait_procs(procs, timeout=timeout)
-        for p in left:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        _, left = psutil.wait_procs(left, timeout=10)
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._kill_session_leftovers()
-        return [p.pid for p in left if _running(p)]
-
-    def _kill_session_leftovers(self) -> None:
-        """Anything still in the launcher's own session (re-parented helpers) is ours: kill it."""
-        import psutil
-
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if p.pid != os.getpid() and os.getsid(p.pid) == self.pid:
-                    p.kill()
-            except (psutil.Error, ProcessLookupError, PermissionError):
-                pass
+        """Stop the whole process tree (no orphans); returns PIDs still alive."""
+        return self.proc.stop(grace_s=timeout)
 
     def memory(self) -> dict:
         """RSS in bytes per process of the tree: {pid: (name, rss)}."""
@@ -309,15 +235,11 @@ def parse_active_fixes(text: str) -> Optional[list]:
 def launch(opts: EngineOptions, log_path: str) -> EngineProcess:
     """Start the server in its own session, stdout+stderr to `log_path`."""
     opts = resolve(opts)
-    argv, env = server_command(opts)
+    c = node_command(opts)
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    log = open(log_path, "w")
-    try:
-        popen = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        log.close()
-    return EngineProcess(popen=popen, opts=opts, log_path=log_path)
+    open(log_path, "w").close()  # a fresh log: the parsers read the first matching line
+    return EngineProcess(proc=ServerProcess(c.argv, c.env, log_path, api_key=c.api_key, owner_port=opts.port),
+                         opts=opts, log_path=log_path)
 
 
 NEXTN = {"algorithm": "NEXTN", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3}
@@ -340,12 +262,3 @@ def preset(name: str, model_path: str, **overrides) -> EngineOptions:
     else:
         raise ValueError(f"unknown engine configuration {name!r} (choose from {', '.join(PRESETS)})")
     return replace(opts, **overrides)
-
-
-def _running(p) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

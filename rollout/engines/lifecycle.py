@@ -1,251 +1,172 @@
-"""Engine lifecycle: start, watch and stop SGLang server processes. Two backends, one interface.
+"""Engine lifecycle: the `Engine` protocol and the local backend.
 
-`LocalBackend` runs each engine as a child process on this machine (the CPU demo, one node);
-`rollout.engines.ray_backend.RayBackend` runs each engine inside a Ray actor placed with a placement group.
-Both return an `Engine` handle. The server command comes from `rollout.engines.engine_launch.server_command`
-(an argv list, never a shell); tests may pass their own `command(spec) -> (argv, env)`.
+Three kinds of engine answer the same protocol: `LocalEngine` (server processes on this machine, one
+per node of the engine), `rollout.engines.ray_backend.RayEngine` (one Ray actor per node of the engine,
+placed with one placement group) and `AttachedEngine` (an endpoint someone else started; never
+killed). An engine of several nodes lives and dies as one: the death of any node is the death of the
+engine, and the manager restarts all its nodes together. Commands come from
+`rollout.engines.command.spec_commands` (tests may pass their own `command(spec)`).
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import socket
-import subprocess
+import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 from rollout.config import EngineSpec
+from rollout.engines.command import NodeCommand, spec_commands
+from rollout.engines.process import ServerProcess, clear_stale, group_pids, port_in_use, read_tail  # noqa: F401
 
-Command = Callable[[EngineSpec], "tuple[list[str], dict[str, str]]"]
+# spec -> every node's NodeCommand, or (argv, env) for a single-node engine
+Command = Callable[[EngineSpec], "list[NodeCommand] | tuple[list[str], dict[str, str]]"]
 
 
 class EngineStartError(RuntimeError):
     """The engine could not be launched at all (one line)."""
 
 
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+    url: str
+    api_key: Optional[str]
+    backend: str
+
+    def alive(self) -> bool: ...            # never blocks
+    def exit_reason(self) -> str: ...
+    def log_tail(self, n: int = 20) -> list[str]: ...
+    def kill(self, sig: int = signal.SIGKILL) -> None: ...  # node 0's main process (a crash)
+    def stop(self) -> None: ...             # every node, the whole tree
+    def leftover_pids(self) -> list[int]: ...
 
 
-def default_command(spec: EngineSpec) -> tuple[list[str], dict[str, str]]:
-    """argv + env for a real SGLang server, from the engine area's `server_command`."""
-    from rollout.engines import engine_launch as el
-    return el.server_command(engine_options(spec))
+def node_commands(command: Command, spec: EngineSpec) -> list[NodeCommand]:
+    out = command(spec)
+    if isinstance(out, tuple):
+        argv, env = out
+        return [NodeCommand(spec.name, 0, 1, spec.host, spec.port, list(argv), dict(env))]
+    return list(out)
 
 
-def engine_options(spec: EngineSpec):
-    """Map one engine of a config group to engine_launch.EngineOptions (extra ServerArgs -> argv flags)."""
-    from rollout.engines import engine_launch as el
-    g = spec.group
-    extra = dict(g.extra_sglang_args)
-    extra.pop("device", None)  # server_command always passes --device cpu
-    for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs"):
-        if getattr(g, name) is not None:
-            extra.setdefault(name, getattr(g, name))
-    if g.pp > 1:
-        extra.setdefault("pp_size", g.pp)
-    if g.moe_a2a_backend not in (None, "none"):
-        extra.setdefault("moe_a2a_backend", g.moe_a2a_backend)
-    kw = {}
-    if "attention_backend" in extra:
-        kw["attention_backend"] = str(extra.pop("attention_backend"))
-    if "max_total_tokens" in extra:
-        kw["max_total_tokens"] = int(extra.pop("max_total_tokens"))
-    if g.mem_fraction_static is not None:
-        kw["mem_fraction_static"] = g.mem_fraction_static
-    spec_dec = None
-    if g.speculative is not None:
-        s = g.speculative
-        spec_dec = {"algorithm": s.algorithm, "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
-                    "num_draft_tokens": s.num_draft_tokens}
-        if s.draft_model_path:
-            extra.setdefault("speculative_draft_model_path", s.draft_model_path)
-    return el.EngineOptions(
-        model_path=spec.model_path, tp=g.tp, dp=g.dp, ep=g.ep, moe_dense_tp=g.moe_dense_tp,
-        enable_dp_attention=g.enable_dp_attention, enable_dp_lm_head=g.enable_dp_lm_head,
-        speculative=spec_dec, routed_experts=g.routed_experts, host=spec.host, port=spec.port,
-        api_key=spec.api_key, extra_args=sglang_flags(extra), env=dict(g.env), **kw)
+def describe_exit(rc: Optional[int]) -> str:
+    if rc is None:
+        return "process is running"
+    if rc < 0:
+        return f"process killed by signal {signal.Signals(-rc).name}"
+    return f"process exited with code {rc}"
 
 
-def sglang_flags(args: dict) -> list[str]:
-    """{"disable_cuda_graph": True, "cuda_graph_bs": [1, 2]} -> ["--disable-cuda-graph", "--cuda-graph-bs", "1", "2"]."""
-    out = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if v is None or v is False:
-            continue
-        if v is True:
-            out.append(flag)
-        elif isinstance(v, list):
-            out += [flag] + [str(x) for x in v]
-        else:
-            out += [flag, str(v)]
-    return out
-
-
-def read_tail(path: str, n: int = 20) -> list[str]:
-    """Last n non-empty lines of a log file (cheap: reads at most the last 64 KiB)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 65536))
-            data = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    lines = [ln.rstrip() for ln in data.replace("\r", "\n").splitlines() if ln.strip()]
-    return lines[-n:]
-
-
-def _die_with_parent():
-    """preexec_fn: SIGKILL this child when the process that started it dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live processes (not zombies) whose process group is pgid."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as fh:
-                st = fh.read()
-        except OSError:
-            continue
-        fields = st[st.rfind(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d))
-    return out
-
-
-def kill_group(pgid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM a process group, wait up to grace_s, then SIGKILL whatever is left."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not group_pids(pgid):
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        end = time.monotonic() + wait
-        while time.monotonic() < end and group_pids(pgid):
-            time.sleep(0.1)
-
-
-class ServerProcess:
-    """A server child process in its own session (so the whole tree can be signalled), logging to a file."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: str, die_with_parent: bool = False):
-        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-        self.log_path = log_path
-        full_env = dict(os.environ)
-        full_env.update(env)
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent if die_with_parent else None)
-        self.pid = self.proc.pid
-
-    def returncode(self) -> Optional[int]:
-        return self.proc.poll()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the server's main process only (what a crash looks like)."""
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        kill_group(self.pid, grace_s)
-        try:
-            self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def leftover_pids(self) -> list[int]:
-        return group_pids(self.pid)
-
-
-class Engine:
-    """Handle on one started engine; the same shape for every backend."""
+class LocalEngine:
+    """Handle on one started engine whose node processes run on this machine."""
 
     backend = "local"
 
-    def __init__(self, spec: EngineSpec, proc: ServerProcess):
+    def __init__(self, spec: EngineSpec, procs: list[ServerProcess]):
         self.spec = spec
-        self._proc = proc
+        self.procs = procs
         self.started_at = time.monotonic()
 
     name = property(lambda self: self.spec.name)
     url = property(lambda self: self.spec.url)
     api_key = property(lambda self: self.spec.api_key)
-    pid = property(lambda self: self._proc.pid)
-    log_path = property(lambda self: self._proc.log_path)
+    pid = property(lambda self: self.procs[0].pid)
+    log_path = property(lambda self: self.procs[0].log_path)
+    pids = property(lambda self: [p.pid for p in self.procs])
 
     def alive(self) -> bool:
-        return self._proc.alive()
+        return all(p.alive() for p in self.procs)
 
     def exit_reason(self) -> str:
-        rc = self._proc.returncode()
-        if rc is None:
-            return "process is running"
-        if rc < 0:
-            return f"process killed by signal {signal.Signals(-rc).name}"
-        return f"process exited with code {rc}"
+        for rank, p in enumerate(self.procs):
+            if not p.alive():
+                where = f"node {rank}: " if len(self.procs) > 1 else ""
+                return where + describe_exit(p.returncode())
+        return "process is running"
 
     def log_tail(self, n: int = 20) -> list[str]:
-        return read_tail(self.log_path, n)
+        dead = [p for p in self.procs if not p.alive()]
+        return read_tail((dead or self.procs)[0].log_path, n, secret=self.api_key)
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        self._proc.kill(sig)
+    def kill(self, sig: int = signal.SIGKILL, node: int = 0) -> None:
+        self.procs[node].kill(sig)
 
     def stop(self) -> None:
-        self._proc.stop()
+        for p in self.procs:
+            p.stop()
 
     def leftover_pids(self) -> list[int]:
-        return self._proc.leftover_pids()
+        return [pid for p in self.procs for pid in p.leftover_pids()]
+
+
+class AttachedEngine:
+    """An endpoint started elsewhere (e.g. behind slime's router): probed, never started or killed."""
+
+    backend = "attached"
+
+    def __init__(self, name: str, url: str, api_key: Optional[str] = None):
+        self.name, self.url, self.api_key = name, url, api_key
+
+    def alive(self) -> bool:
+        return True  # only the health probes can tell
+
+    def exit_reason(self) -> str:
+        return "attached endpoint (not ours to watch)"
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        return []
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def leftover_pids(self) -> list[int]:
+        return []
+
+
+def log_name(log_dir: str, spec: EngineSpec, start: int, node: int = 0, nnodes: int = 1) -> str:
+    import os
+    stem = spec.name + (f".node{node}" if nnodes > 1 else "")
+    return os.path.join(log_dir, f"{stem}.log" if start == 0 else f"{stem}.restart{start}.log")
 
 
 class LocalBackend:
-    """Engines as child processes of this one (single node)."""
+    """Engines as child processes of this one; every node of a multi-node engine on this machine."""
 
     name = "local"
 
     def __init__(self, log_dir: str, command: Command | None = None):
         self.log_dir = log_dir
-        self.command = command or default_command
+        self.command = command or spec_commands
         self._starts: dict[str, int] = {}
+        self.notes: list[str] = []  # stale engines found and killed
 
     def log_path(self, spec: EngineSpec) -> str:
-        n = self._starts.get(spec.name, 0)
-        return os.path.join(self.log_dir, f"{spec.name}.log" if n == 0 else f"{spec.name}.restart{n}.log")
+        return log_name(self.log_dir, spec, self._starts.get(spec.name, 0))
 
-    def start(self, spec: EngineSpec) -> Engine:
-        if port_in_use(spec.host, spec.port):
-            raise EngineStartError(f"port {spec.port} on {spec.host} is already taken")
-        argv, env = self.command(spec)
-        path = self.log_path(spec)
-        self._starts[spec.name] = self._starts.get(spec.name, 0) + 1
+    def start(self, spec: EngineSpec) -> LocalEngine:
         try:
-            proc = ServerProcess(argv, env, path)
+            notes = clear_stale(spec.host, spec.port)
+        except RuntimeError as e:
+            raise EngineStartError(str(e)) from None
+        for n in notes:
+            print(f"{spec.name}: {n}", file=sys.stderr, flush=True)
+        self.notes += notes
+        cmds = node_commands(self.command, spec)
+        k = self._starts.get(spec.name, 0)
+        self._starts[spec.name] = k + 1
+        procs = []
+        try:
+            for c in cmds:
+                procs.append(ServerProcess(c.argv, c.env, log_name(self.log_dir, spec, k, c.node_rank, len(cmds)),
+                                           api_key=c.api_key, owner_port=spec.port))
         except OSError as e:
-            raise EngineStartError(f"cannot execute {argv[0]!r}: {e.strerror or e}") from None
-        return Engine(spec, proc)
+            for p in procs:
+                p.stop()
+            raise EngineStartError(f"cannot execute {cmds[0].argv[0]!r}: {e.strerror or e}") from None
+        return LocalEngine(spec, procs)
 
     def shutdown(self) -> None:
         pass

@@ -1,41 +1,54 @@
-"""Ray backend: one actor per engine, placed on its own placement group (as slime does).
+"""Ray backend: one placement group per engine, one actor per node of the engine.
 
-The actor starts the SGLang server as a child process (argv, never a shell) that is SIGKILLed when
-the actor dies (PR_SET_PDEATHSIG; SGLang's own children follow their launcher the same way), so
-killing an actor leaves no orphan. `RayEngine` has the same interface as `lifecycle.Engine`.
-Bundles: `gpus_per_engine` x {"GPU": 1, "CPU": 1} on GPU clusters, {"CPU": cpus_per_engine} on CPU.
+Bundles are `gpus_per_engine` x {"GPU": 1, "CPU": 1} (a CPU engine of one node: {"CPU": n}), placed
+with PACK and grouped by the node Ray put them on; each node of the engine gets one `NodeActor` on its
+first bundle, which starts that node's SGLang server (argv from the one command builder, with the
+node's address and the GPU ids Ray assigned to its bundles) as a child that is SIGKILLed when the actor
+dies. Node 0 serves HTTP. The death of any node's process or actor is the death of the engine: the
+manager stops every node and starts them all again. `alive()` never blocks: each actor holds a
+`wait_exit()` call that returns when its server exits (or fails when the actor dies), and `alive()`
+only asks Ray whether one of those answers has arrived. Actors receive only the engine's own env.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rollout.engines.lifecycle import EngineStartError, default_command
+from rollout.engines.command import spec_commands
+from rollout.engines.lifecycle import EngineStartError, describe_exit, log_name, node_commands
+from rollout.engines.process import group_pids, read_tail
 
 
-@ray.remote
-class EngineActor:
-    """Owns one SGLang server process on the node it was placed on."""
+@ray.remote(max_concurrency=4)
+class NodeActor:
+    """Owns one node's SGLang server process on the node it was placed on."""
 
-    def __init__(self, argv, env, log_path, host, port):
-        from rollout.engines.lifecycle import ServerProcess, port_in_use
-        if port_in_use(host, port):
-            raise EngineStartError(f"port {port} on {host} is already taken")
-        self.proc = ServerProcess(argv, env, log_path, die_with_parent=True)
+    def __init__(self, argv, env, log_path, api_key, port, check_port, drop_env):
+        from rollout.engines.process import ServerProcess, clear_stale
+        if check_port:
+            clear_stale(check_port[0], port)
+        for k in drop_env:
+            os.environ.pop(k, None)
+        self.proc = ServerProcess(argv, env, log_path, api_key=api_key, owner_port=port)
 
     def pid(self) -> int:
         return self.proc.pid
 
-    def returncode(self):
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def wait_exit(self):
+        while self.proc.alive():
+            time.sleep(0.2)
         return self.proc.returncode()
 
     def log_tail(self, n: int = 20) -> list:
-        from rollout.engines.lifecycle import read_tail
         return read_tail(self.proc.log_path, n)
 
     def kill(self, sig: int) -> None:
@@ -45,82 +58,88 @@ class EngineActor:
         self.proc.stop()
         return self.proc.leftover_pids()
 
-    def leftover_pids(self) -> list:
-        return self.proc.leftover_pids()
+
+@ray.remote(num_cpus=0, num_gpus=1)
+def _bundle_gpu():
+    return [int(g) for g in ray.get_gpu_ids()]
 
 
 class RayEngine:
     backend = "ray"
 
-    def __init__(self, spec, actor, pg, pid: int, log_path: str):
-        self.spec, self.actor, self.pg, self.pid, self.log_path = spec, actor, pg, pid, log_path
+    def __init__(self, spec, actors, pg, pids, log_paths, url):
+        self.spec, self.actors, self.pg, self.pids, self.log_paths = spec, actors, pg, pids, log_paths
+        self.url = url
+        self._watch = {a.wait_exit.remote(): rank for rank, a in enumerate(actors)}
         self._dead_reason = None
         self.started_at = time.monotonic()
 
     name = property(lambda self: self.spec.name)
-    url = property(lambda self: self.spec.url)
     api_key = property(lambda self: self.spec.api_key)
-
-    def _call(self, method, *args, timeout=5.0):
-        return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+    pid = property(lambda self: self.pids[0])
+    log_path = property(lambda self: self.log_paths[0])
 
     def alive(self) -> bool:
+        """Never blocks: has any node's exit (or actor death) been reported?"""
         if self._dead_reason:
             return False
+        ready, _ = ray.wait(list(self._watch), num_returns=1, timeout=0)
+        if not ready:
+            return True
+        rank = self._watch[ready[0]]
+        where = f"node {rank}: " if len(self.actors) > 1 else ""
         try:
-            rc = self._call("returncode", timeout=5.0)
+            self._dead_reason = where + describe_exit(ray.get(ready[0], timeout=1))
         except (RayActorError, RayTaskError) as e:
-            self._dead_reason = f"Ray actor died ({type(e).__name__})"
-            return False
+            self._dead_reason = where + f"Ray actor died ({type(e).__name__})"
         except GetTimeoutError:
-            return True  # a slow answer is not a death; the health probes judge responsiveness
-        if rc is not None:
-            self._dead_reason = f"process exited with code {rc}" if rc >= 0 else \
-                f"process killed by signal {signal.Signals(-rc).name}"
-            return False
-        return True
+            return True
+        return False
 
     def exit_reason(self) -> str:
-        return self._dead_reason or ("process is running" if self.alive() else self._dead_reason)
+        return self._dead_reason if not self.alive() else "process is running"
 
     def log_tail(self, n: int = 20) -> list:
+        for p in self.log_paths:
+            if os.path.exists(p):  # same machine (a local or simulated cluster)
+                return read_tail(p, n, secret=self.api_key)
         try:
-            return self._call("log_tail", n)
+            return [ln.replace(self.api_key, "***") if self.api_key else ln
+                    for ln in ray.get(self.actors[0].log_tail.remote(n), timeout=2)]
         except Exception:
-            from rollout.engines.lifecycle import read_tail
-            return read_tail(self.log_path, n)  # same node (local cluster)
+            return []
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        self._call("kill", int(sig))
+    def kill(self, sig: int = signal.SIGKILL, node: int = 0) -> None:
+        ray.get(self.actors[node].kill.remote(int(sig)), timeout=10)
 
-    def kill_actor(self) -> None:
-        ray.kill(self.actor, no_restart=True)
+    def kill_actor(self, node: int = 0) -> None:
+        ray.kill(self.actors[node], no_restart=True)
 
     def stop(self) -> None:
         try:
-            self._call("stop", timeout=60.0)
+            ray.get([a.stop.remote() for a in self.actors], timeout=60)
         except Exception:
             pass
-        try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception:
-            pass
+        for a in self.actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
         try:
             remove_placement_group(self.pg)
         except Exception:
             pass
 
     def leftover_pids(self) -> list:
-        from rollout.engines.lifecycle import group_pids
-        return group_pids(self.pid)  # local cluster: the engine ran on this node
+        return [p for pid in self.pids for p in group_pids(pid)]  # local cluster: same machine
 
 
 class RayBackend:
     name = "ray"
 
-    def __init__(self, log_dir: str, command=None, cpus_per_engine: float = 1, use_gpus: bool = False,
+    def __init__(self, log_dir: str, command=None, cpus_per_engine: float = 1, use_gpus: bool | None = None,
                  init_kwargs: dict | None = None, pg_timeout_s: float = 60.0):
-        self.log_dir, self.command = log_dir, command or default_command
+        self.log_dir, self.command = log_dir, command
         self.cpus_per_engine, self.use_gpus, self.pg_timeout_s = cpus_per_engine, use_gpus, pg_timeout_s
         self._owns_ray = False
         if not ray.is_initialized():
@@ -128,37 +147,75 @@ class RayBackend:
             self._owns_ray = True
         self._starts: dict[str, int] = {}
 
+    def gpu_bundles(self, spec) -> bool:
+        if self.use_gpus is not None:
+            return self.use_gpus
+        return spec.device == "cuda" or spec.nnodes > 1
+
     def bundles(self, spec) -> list:
-        if self.use_gpus:
-            return [{"GPU": 1, "CPU": 1}] * spec.group.gpus_per_engine
+        if self.gpu_bundles(spec):
+            return [{"GPU": 1, "CPU": 1} for _ in range(spec.group.gpus_per_engine)]
         return [{"CPU": self.cpus_per_engine}]
 
-    def start(self, spec) -> RayEngine:
-        import os
-        argv, env = self.command(spec)
-        k = self._starts.get(spec.name, 0)
-        self._starts[spec.name] = k + 1
-        log_path = os.path.join(self.log_dir, f"{spec.name}.log" if k == 0 else f"{spec.name}.restart{k}.log")
-        pg = placement_group(self.bundles(spec), strategy="PACK")
+    def _place(self, spec):
+        """Place the engine's placement group -> (pg, [bundle indexes per node], [address per node],
+        [GPU ids per node] or None, [Ray node id per node]), node 0 first."""
+        bundles = self.bundles(spec)
+        pg = placement_group(bundles, strategy="PACK")
         try:
             ray.get(pg.ready(), timeout=self.pg_timeout_s)
         except GetTimeoutError:
             remove_placement_group(pg)
-            raise EngineStartError(f"engine {spec.name}: placement group {self.bundles(spec)} not placed "
-                                   f"within {self.pg_timeout_s:g} s (cluster resources: {ray.cluster_resources()})")
-        actor = EngineActor.options(
-            num_cpus=0.01, num_gpus=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True),
-        ).remote(argv, {k: str(v) for k, v in env.items()}, log_path, spec.host, spec.port)
+            raise EngineStartError(f"engine {spec.name}: placement group of {len(bundles)} x {bundles[0]} not "
+                                   f"placed within {self.pg_timeout_s:g} s (cluster: {ray.cluster_resources()})")
+        by_node: dict[str, list[int]] = {}
+        for idx, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
+            by_node.setdefault(node, []).append(int(idx))
+        groups = list(by_node.values())
+        if len(groups) != spec.nnodes or len({len(g) for g in groups}) != 1:
+            remove_placement_group(pg)
+            raise EngineStartError(f"engine {spec.name}: needs {spec.nnodes} node(s) with the same number of "
+                                   f"GPUs, Ray placed its bundles as {[len(g) for g in groups]}")
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        here = ray.get_runtime_context().get_node_id()
+        hosts = [ips[node] for node in by_node]
+        if all(ip == ips.get(here) for ip in hosts):
+            hosts = [spec.host] * len(groups)  # one machine (a local or simulated cluster): the config's address
+        gpus = None
+        if self.gpu_bundles(spec):
+            refs = [[_bundle_gpu.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=i)).remote() for i in g] for g in groups]
+            gpus = [sorted(x for ids in ray.get(r, timeout=self.pg_timeout_s) for x in ids) for r in refs]
+        return pg, groups, hosts, gpus, list(by_node)
+
+    def start(self, spec) -> RayEngine:
+        k = self._starts.get(spec.name, 0)
+        self._starts[spec.name] = k + 1
+        pg, groups, hosts, gpus, node_ids = self._place(spec)
+        cmds = node_commands(self.command, spec) if self.command else spec_commands(spec, hosts, gpus)
+        actors, logs = [], []
+        for c, g in zip(cmds, groups):
+            log = log_name(self.log_dir, spec, k, c.node_rank, len(cmds))
+            drop = ["CUDA_VISIBLE_DEVICES"] if spec.device == "cuda" and "CUDA_VISIBLE_DEVICES" not in c.env else []
+            actors.append(NodeActor.options(
+                num_cpus=0.01, num_gpus=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=g[0], placement_group_capture_child_tasks=True),
+            ).remote(c.argv, {a: str(b) for a, b in c.env.items()}, log, c.api_key, c.port,
+                     [c.host] if c.node_rank == 0 else None, drop))
+            logs.append(log)
         try:
-            pid = ray.get(actor.pid.remote(), timeout=self.pg_timeout_s)
-        except RayActorError as e:
+            pids = ray.get([a.pid.remote() for a in actors], timeout=self.pg_timeout_s)
+        except (RayActorError, GetTimeoutError) as e:
+            for a in actors:
+                ray.kill(a, no_restart=True)
             remove_placement_group(pg)
             cause = getattr(e, "cause", None) or e
             msg = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
             raise EngineStartError(f"engine {spec.name}: actor failed to start: {msg}") from None
-        return RayEngine(spec, actor, pg, pid, log_path)
+        engine = RayEngine(spec, actors, pg, pids, logs, f"http://{hosts[0]}:{spec.port}")
+        engine.node_ids = node_ids  # the Ray node of each node of the engine
+        return engine
 
     def shutdown(self) -> None:
         if self._owns_ray and ray.is_initialized():
