@@ -9,7 +9,7 @@
 # files put `pip install --no-deps --target DIR sglang==0.5.15.post1 transformers==5.12.1
 # tokenizers==0.22.2 pylatexenc sglang-router==0.3.2` before this project's venv. wandb, which slime only
 # imports, is replaced by a clearly named stub when missing. The engines run from this project's venv
-# (ENGINE_PYTHON, default .venv/bin/python), under `flock /tmp/engine.lock`.
+# (ENGINE_PYTHON, default .venv/bin/python); the script holds /tmp/engine.lock while they run.
 set -euo pipefail
 SLIME_SRC=${1:?usage: scripts/check_against_slime.sh SLIME_SRC}
 [ -d "$SLIME_SRC/slime" ] || { echo "error: $SLIME_SRC has no slime/ package" >&2; exit 2; }
@@ -39,7 +39,9 @@ export PYTHONPATH="$ROOT:$ROOT/scripts:$SLIME_SRC:$STUBS"
 "$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null
 
 echo "serve: $CONFIG (engines: $("$ENGINE_PYTHON" -c 'import sglang; print("SGLang", sglang.__version__)' 2>/dev/null))"
-PYTHONPATH="$ROOT" flock /tmp/engine.lock "$ENGINE_PYTHON" -m rollout.cli serve --config "$CONFIG" \
+exec 9>/tmp/engine.lock   # the global engine lock, held by this script until it exits
+flock 9
+PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -m rollout.cli serve --config "$CONFIG" \
   --log-dir "$WORK/logs" > "$WORK/addrs" 2> "$WORK/serve.err" &
 SERVE_PID=$!
 end=$((SECONDS + BUDGET_S))
