@@ -23,7 +23,7 @@ class EngineSpec:
     index: int
     host: str
     port: int
-    api_key: str
+    api_key: str         # "" = keyless engine (rollout.engine_auth: none)
     model_path: str
     device: str = "cpu"             # cluster.device: the command builder's profile
     gpus_per_node: int = 1          # cluster.gpus_per_node: nodes per engine = gpus_per_engine // this
@@ -67,7 +67,7 @@ def resolve_model(cfg: TrainingConfig, root: str = ".", build: bool = True) -> s
 def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = None,
                  ports: list[int] | None = None) -> list[EngineSpec]:
     """One spec per engine of every group. Ports: `ports` if given, else base_port + 10*i."""
-    key = api_key or cfg.rollout.api_key or secrets.token_hex(16)
+    key = "" if cfg.rollout.engine_auth == "none" else (api_key or cfg.rollout.api_key or secrets.token_hex(16))
     specs, i, gpu = [], 0, 0
     c = cfg.cluster
     for g in cfg.engine_groups:

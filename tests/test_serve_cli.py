@@ -54,6 +54,13 @@ def test_missing_model(tmp_path, capsys):
     assert "model.path: '/nonexistent/model' does not exist" in err
 
 
+def test_managed_with_keyed_engines_is_refused_before_any_start(tmp_path, capsys):
+    d = _tiny()
+    d["rollout"]["engine_auth"] = "key"
+    err = _bad(capsys, ["serve", "--config", _write(tmp_path, d)])
+    assert "rollout.engine_auth: slime.integration managed needs 'none'" in err and "answer 401" in err
+
+
 def test_bad_args(tmp_path, capsys):
     _bad(capsys, ["serve"])                                            # --config is required
     _bad(capsys, ["serve", "--config", TINY, "--backend", "slurm"])
@@ -115,16 +122,15 @@ def test_serve_one_engine_until_sigterm(tmp_path):
         assert line == expected == "127.0.0.1:31700", (line, (tmp_path / "serve.err").read_text()[-2000:])
         engine_pids = _children(proc.pid)
         assert engine_pids
-        key_file = tmp_path / "logs" / "api_key"    # tiny-cpu has rollout.api_key: null -> generated
-        assert key_file.stat().st_mode & 0o777 == 0o600
-        req = urllib.request.Request(f"http://{line}/health_generate",
-                                     headers={"Authorization": f"Bearer {key_file.read_text().strip()}"})
+        assert not (tmp_path / "logs" / "api_key").exists()   # tiny-cpu: engine_auth none (slime sends no key)
+        req = urllib.request.Request(f"http://{line}/health_generate")
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         err = (tmp_path / "serve.err").read_text()
-        assert "ready: 1 engine(s) up" in err and "stopped" in err
+        assert "ready: 1 engine(s) up" in err and "stopped" in err and "no API key, bound to 127.0.0.1" in err
+        assert "--rollout-external-engine-addrs 127.0.0.1:31700" in err
         end = time.monotonic() + 10
         while time.monotonic() < end and any(_pid_alive(p) for p in engine_pids):
             time.sleep(0.2)

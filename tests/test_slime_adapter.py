@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from rollout import slime_adapter
+from rollout.slime import adapter as slime_adapter
 from rollout.routed_experts import MoELayout, encode_sglang
-from rollout.slime_types import RolloutFnTrainOutput, Sample
+from rollout.slime import RolloutFnTrainOutput, Sample
 
 LAYOUT = MoELayout.from_first_k_dense(3, 1, 16, 4)   # the tiny GLM-4.5: 1 dense + 2 MoE layers, top-4 of 16
 HANG = 99   # a prompt starting with this token hangs until aborted (a straggler)
@@ -30,6 +30,16 @@ def routes(tokens, start_len):
         for layer in (1, 2):
             full[r, layer] = [(t + layer + k * 3) % 16 for k in range(4)]
     return full
+
+
+def text_of(ids):
+    """The stand-in's detokenized text (SGLang answers with its own text; slime keeps it verbatim)."""
+    return "".join(f"<{t}>" for t in ids)
+
+
+def encode_int32(values):
+    import base64
+    return base64.b64encode(np.asarray(values, dtype=np.int32).tobytes()).decode()
 
 
 class StandInRouter:
@@ -79,7 +89,10 @@ class StandInRouter:
         if body.get("return_routed_experts"):
             meta["routed_experts"] = encode_sglang(routes(ids + out, start_len))
             meta["routed_experts_start_len"] = start_len
-        return web.json_response({"text": "", "meta_info": meta})
+        if body["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):
+            meta["top_p_token_ids"] = encode_int32(out)                 # one kept id per token
+            meta["top_p_token_offsets"] = encode_int32(list(range(len(out) + 1)))
+        return web.json_response({"text": text_of(out), "meta_info": meta})
 
     def start(self):
         self.thread.start()
@@ -93,17 +106,20 @@ class StandInRouter:
 
 
 class StandInDataSource:
-    """slime's data-source interface (get_samples(n) -> list[list[Sample]]), prompts given as tokens."""
+    """slime's data-source interface (get_samples(n) -> list[list[Sample]]), prompts given as tokens;
+    numbered as slime's RolloutDataSource does: group_index per group, index unique per sample."""
 
     def __init__(self, prompts, n):
-        self.prompts, self.n, self.i = list(prompts), n, 0
+        self.prompts, self.n, self.i, self.k = list(prompts), n, 0, 0
 
     def get_samples(self, k):
         out = []
-        for _ in range(k):
+        for _ in range(min(k, len(self.prompts) - self.i)):
             p = self.prompts[self.i]
+            out.append([Sample(group_index=self.i, index=self.k + j, prompt="", tokens=list(p))
+                        for j in range(self.n)])
             self.i += 1
-            out.append([Sample(group_index=self.i, index=j, prompt="", tokens=list(p)) for j in range(self.n)])
+            self.k += self.n
         return out
 
 
@@ -139,21 +155,62 @@ def _check_sample(s, prompt):
     assert np.array_equal(re.numpy(), routes(s.tokens, 0))   # dense layer zeros, MoE layers as served
 
 
+# The request body slime's own rollout sends for args like `_args` (slime's GenerateState, 624b824):
+SLIME_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 4, "stop": None,
+                  "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True,
+                  "spaces_between_special_tokens": False}
+
+
 def test_generate_rollout_returns_slime_groups(router):
     slime_adapter.reset()
     slime_adapter._STATE["tokenizer"] = None   # prompts arrive as tokens
     args = _args(router.port)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
-    out = slime_adapter.generate_rollout(args, 0, StandInDataSource(prompts, 2))
+    out = slime_adapter.generate_rollout(args, 5, StandInDataSource(prompts, 2))
     assert isinstance(out, RolloutFnTrainOutput)
     assert len(out.samples) == 3 and all(len(g) == 2 for g in out.samples)
+    assert [g[0].index for g in out.samples] == [0, 2, 4]     # slime sorts groups by index
     for g in out.samples:
         prompt = [p for p in prompts if g[0].tokens[:len(p)] == p][0]
         for s in g:
             _check_sample(s, prompt)
-            assert s.status == Sample.Status.TRUNCATED and s.rollout_id == 0 and s.weight_versions == ["7"]
-    assert all(r["return_logprob"] and r["return_routed_experts"] for r in router.requests)
+            assert s.status == Sample.Status.TRUNCATED and s.weight_versions == ["7"]
+            assert s.rollout_id is None          # slime: one id per rollout execution, not the step id
+            assert s.response == text_of(s.tokens[len(prompt):])   # SGLang's text, verbatim
+    for r in router.requests:
+        assert r["sampling_params"] == SLIME_SAMPLING and r["return_logprob"] is True
+        assert r["return_routed_experts"] is True
     assert out.metrics["rollout/groups"] == 3
+
+
+def test_top_p_and_seeds_are_requested_as_slime_does(router):
+    slime_adapter.reset()
+    slime_adapter._STATE["tokenizer"] = None
+    args = _args(router.port, rollout_top_p=0.9, sglang_enable_deterministic_inference=True, rollout_seed=42,
+                 rollout_batch_size=1, rollout_stop=["</s>"], rollout_stop_token_ids=[2])
+    out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
+    seeds = sorted(r["sampling_params"]["sampling_seed"] for r in router.requests)
+    assert seeds == [42, 43]                        # rollout_seed + index in the group
+    sp = router.requests[0]["sampling_params"]
+    assert sp["custom_params"] == {"return_top_p_token_ids": True} and sp["top_p"] == 0.9
+    assert sp["stop"] == ["</s>"] and sp["stop_token_ids"] == [2]
+    for s in out.samples[0]:
+        assert list(s.rollout_top_p_token_offsets) == list(range(s.response_length + 1))
+        assert list(s.rollout_top_p_token_ids) == s.tokens[2:]
+
+
+async def group_reward(args, samples):
+    """A --group-rm reward: slime calls it once per group, with the list of samples."""
+    assert isinstance(samples, list)
+    return [float(len(samples))] * len(samples)
+
+
+def test_group_rm_rewards_the_whole_group(router):
+    slime_adapter.reset()
+    slime_adapter._STATE["tokenizer"] = None
+    args = _args(router.port, group_rm=True, custom_rm_path=f"{__name__}.group_reward", rollout_batch_size=1)
+    out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
+    assert [s.reward for s in out.samples[0]] == [2.0, 2.0]
 
 
 def test_straggler_is_aborted_and_returned_next_step(router):
@@ -164,10 +221,10 @@ def test_straggler_is_aborted_and_returned_next_step(router):
     first = slime_adapter.generate_rollout(args, 0, src)
     assert len(first.samples) == 2 and first.metrics["rollout/carried"] == 1
     assert all(g[0].tokens[0] != HANG for g in first.samples)
-    args.over_sampling_batch_size = 2   # carried straggler + 1 new group: both must be delivered
+    args.over_sampling_batch_size = 2   # carried straggler + one fetch of 2 (slime fetches whole chunks)
     second = slime_adapter.generate_rollout(args, 1, src)
     got = {g[0].tokens[0] for g in second.samples}
-    assert HANG in got and len(second.samples) == 2 and src.i == 4
+    assert HANG in got and len(second.samples) == 2 and src.i == 5
     hang = [g for g in second.samples if g[0].tokens[0] == HANG][0]
     for s in hang:   # continued from its partial response: routed experts merged across the two requests
         _check_sample(s, [HANG, 3])
@@ -188,3 +245,27 @@ def test_custom_generate_function(router):
     assert out is s and s.response_length == 3 and s.tokens == [10, 11, 12, 13, 14, 15]
     assert tuple(s.rollout_routed_experts.shape) == (5, 3, 4)
     assert router.requests[-1]["sampling_params"]["temperature"] == 0.0
+
+
+def test_custom_generate_budget_is_the_total_response_length(router):
+    """slime: max_new_tokens is the whole response budget; a continuation asks for the rest, and a
+    sample with nothing left is TRUNCATED without a request (never 'at least one token')."""
+    slime_adapter.reset()
+    slime_adapter._STATE["tokenizer"] = None
+    args = _args(router.port)
+    s = Sample(prompt="", tokens=[10, 11, 12, 20, 21], response_length=2, loss_mask=[1, 1],
+               rollout_log_probs=[-0.1, -0.2], rollout_routed_experts=routes([10, 11, 12, 20, 21], 0))
+    s.status = Sample.Status.ABORTED
+    asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
+    assert router.requests[-1]["sampling_params"]["max_new_tokens"] == 1
+    assert s.response_length == 3 and s.rollout_log_probs == [-0.1, -0.2, -0.5]
+    sent = len(router.requests)
+    asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
+    assert len(router.requests) == sent and s.status == Sample.Status.TRUNCATED and s.response_length == 3
+
+
+def test_evaluation_runs_slimes_eval_or_says_why_not():
+    if slime_adapter.SLIME_AVAILABLE:
+        pytest.skip("slime importable: the eval path runs in tests/test_slime_real.py")
+    with pytest.raises(RuntimeError, match=r"evaluation=True .* needs slime importable"):
+        slime_adapter.generate_rollout(SimpleNamespace(), 0, None, evaluation=True)

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from conftest import hf_router_topk
 
-from rollout import slime_adapter
 from rollout.engines.engine_launch import preset
-from rollout.slime_types import RolloutFnTrainOutput, Sample
+from rollout.slime import RolloutFnTrainOutput, Sample
+from rollout.slime import adapter as slime_adapter
 from rollout.tiny_model import NUM_LAYERS, TOP_K
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]   # starts an engine: kept out of `make test`
@@ -35,7 +35,7 @@ class TextDataSource:
 
 def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch):
     eng = engine_pool.get("a", preset("a", tiny_model))
-    monkeypatch.setenv(slime_adapter.CONFIG_ENV, os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
+    monkeypatch.setenv("SLIME_MOE_ROLLOUT_CONFIG", os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
     slime_adapter.reset()
     args = SimpleNamespace(
         sglang_router_ip=eng.opts.host, sglang_router_port=eng.opts.port, sglang_api_key=eng.api_key,
@@ -51,7 +51,7 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
     for group in out.samples:
         assert len(group) == 2 and group[0].tokens == group[1].tokens   # greedy: identical siblings
         for s in group:
-            assert s.rollout_id == 3 and 0 < s.response_length <= 6
+            assert s.rollout_id is None and 0 < s.response_length <= 6
             assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
             re = s.rollout_routed_experts
             assert tuple(re.shape) == (len(s.tokens) - 1, NUM_LAYERS, TOP_K) and str(re.dtype) == "torch.int32"

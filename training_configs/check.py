@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from training_configs.derive import Derived, our_derive, sglang_derive
 from training_configs.render import server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
+from training_configs.slime_check import managed_checks
 
 EXPECTABLE = ("attn_tp_size", "attn_dp_size", "num_dp_ranks", "require_mlp_tp_gather",
               "require_attn_tp_gather", "require_gathered_buffer")
@@ -146,6 +147,8 @@ def _fixes(args: dict, warnings: list, gname: str) -> list:
 def check_config(cfg: TrainingConfig, use_sglang: bool = True) -> Report:
     static_checks(cfg)
     report = Report(cfg)
+    if cfg.slime.integration == "managed":
+        report.warnings += managed_checks(cfg, server_fields)
     if use_sglang:
         try:
             import sglang.srt.server_args  # noqa: F401
@@ -164,11 +167,6 @@ def check_config(cfg: TrainingConfig, use_sglang: bool = True) -> Report:
         else:
             d = our_derive(g)
         _compare_expected(g, d, report.warnings)
-        if g.enable_dp_attention and cfg.slime.integration == "managed":
-            report.warnings.append(
-                f"group {g.name}: managed engines report dp_size 1 and attn_dp_size {g.dp} in /server_info "
-                f"(SGLang 0.5.23 rewrites --dp-size {g.dp} --enable-dp-attention); a slime whose external-engine "
-                "check compares dp_size will refuse them")
         args = _fix_args(cfg, g, d)
         report.groups.append(GroupReport(g.name, d, _fixes(args, report.warnings, g.name), args))
     return report

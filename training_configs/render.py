@@ -14,10 +14,11 @@ from __future__ import annotations
 import shlex
 
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
+from training_configs.slime_check import slime_num_gpus_per_node
 
-ADAPTER_ROLLOUT_FN = "rollout.slime_adapter.generate_rollout"
+ADAPTER_ROLLOUT_FN = "rollout.slime.generate_rollout"
 REPLAY_PADDING_INIT = "rollout.routed_experts.slime_replay_padding.install"  # slime#2308
-ADAPTER_GENERATE_FN = "rollout.slime_adapter.generate"
+ADAPTER_GENERATE_FN = "rollout.slime.generate"
 
 # ServerArgs fields slime sets itself and does not register as --sglang-* (slime-contract §1).
 SLIME_UNREGISTERED = frozenset({
@@ -126,7 +127,8 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
                           "(several groups need slime's --sglang-config, which is not rendered)")
     g = cfg.engine_groups[0]
     fields = server_fields(cfg, g)
-    out = ["--hf-checkpoint", cfg.model.path, "--rollout-num-gpus-per-engine", str(g.gpus_per_engine)]
+    out = ["--hf-checkpoint", cfg.model.path, "--rollout-num-gpus-per-engine", str(g.gpus_per_engine),
+           "--num-gpus-per-node", str(slime_num_gpus_per_node(cfg, mode))]
     sglang = {k: v for k, v in fields.items() if k not in SLIME_UNREGISTERED}
     bad = sorted(set(g.extra_sglang_args) & SLIME_UNREGISTERED)
     if bad:

@@ -52,6 +52,10 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     concurrency_per_engine: int   in-flight requests per engine
     host: str, base_port: int     engines bind host:base_port + 10*i (managed mode)
     api_key: str|null             null: the manager generates one
+    engine_auth: "key"|"none"     none: engines take no API key (slime's managed mode sends none);
+                                  they then bind only `host` (loopback, or a private interface)
+    restart_checkpoint: str|null  `serve`: weights a restarted engine loads before it may serve again
+                                  (else it stays paused until its weight_version equals its peers')
     partial_rollout: bool         return aborted stragglers with tokens so far
     budgets:                      seconds per readiness phase
       process_s, http_s, server_up_s, health_generate_s, dp_probe_s: float
@@ -205,6 +209,8 @@ class RolloutConfig:
     host: str = "127.0.0.1"
     base_port: int = _f(30000, min=1024, max=65000)
     api_key: Optional[str] = None
+    engine_auth: str = _f("key", choices=("key", "none"))
+    restart_checkpoint: Optional[str] = None
     partial_rollout: bool = True
     budgets: ReadinessBudgets = _f(factory=ReadinessBudgets)
     health: HealthConfig = _f(factory=HealthConfig)

@@ -5,6 +5,9 @@ engines' `host:port` list on stdout, exactly as `config render --format external
 it to slime's `--rollout-external-engine-addrs`), and a ready line on stderr. It then supervises the
 engines with the manager's health monitor (a dead engine is restarted and re-admitted after full
 readiness) until SIGINT/SIGTERM, stops every engine and exits 0.
+slime (managed mode): engines run keyless (`rollout.engine_auth: none`: slime sends no key) on
+`rollout.host`; `config check`'s slime checks run before any engine starts; a restarted engine whose
+weight_version differs from its peers' stays paused (`serve_weights`).
 Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
 every engine given up after its restarts -> exit 1.
 """
@@ -47,6 +50,13 @@ def main(args) -> int:
         cfg.rollout.base_port = args.base_port
     if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CliError(f"--log-dir: {args.log_dir} exists and is not a directory")
+    if cfg.slime.integration == "managed":   # what slime will refuse, before any engine starts
+        from training_configs.render import server_fields
+        from training_configs.slime_check import managed_checks
+        try:
+            managed_checks(cfg, server_fields)
+        except rconfig.ConfigError as e:
+            raise CliError(str(e)) from None
     try:
         model_path = rconfig.resolve_model(cfg)
     except rconfig.ConfigError as e:
@@ -85,7 +95,9 @@ async def _serve(cfg, model_path: str, args) -> int:
     from rollout.manager import RolloutManager
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.cli.run import _backend
-    from training_configs.render import render
+    from rollout.cli.serve_weights import WeightGuard
+    from training_configs.render import render, server_fields
+    from training_configs.slime_check import managed_checks
 
     console = stderr_console()
     stop = asyncio.Event()
@@ -94,8 +106,10 @@ async def _serve(cfg, model_path: str, args) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     progress = progress_bar(console)
+    guard = WeightGuard(cfg.rollout.restart_checkpoint, lambda text: _say(console, text))
     mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path,
-                                     view=RichView(progress))
+                                     view=RichView(progress), weight_sync_hook=guard.hook)
+    guard.mgr = mgr
     t0 = time.monotonic()
     with progress:
         starting = asyncio.create_task(mgr.start())
@@ -120,13 +134,23 @@ async def _serve(cfg, model_path: str, args) -> int:
             return start_failure(console, err)
     mgr.view = _LineView(console)
     print(render(cfg, "external-addrs"), flush=True)
-    key_note = "api key from rollout.api_key"
-    if not cfg.rollout.api_key:
+    if cfg.rollout.engine_auth == "none":
+        key_note = f"no API key, bound to {cfg.rollout.host}"
+        for w in managed_checks(cfg, server_fields):
+            _say(console, f"WARNING: {w}")
+    elif cfg.rollout.api_key:
+        key_note = "api key from rollout.api_key"
+    else:
         key = next(iter(mgr.specs.values())).api_key
         key_note = f"generated api key in {_write_key(args.log_dir, key)}"
     _say(console, f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
+                  f"slime: --rollout-external-engine-addrs {render(cfg, 'external-addrs')}; "
                   f"supervising until SIGINT/SIGTERM")
-    return await _supervise(mgr, stop, console)
+    tracker = asyncio.create_task(guard.track())
+    try:
+        return await _supervise(mgr, stop, console)
+    finally:
+        tracker.cancel()
 
 
 async def _supervise(mgr, stop: asyncio.Event, console) -> int:

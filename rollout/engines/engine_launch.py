@@ -31,7 +31,7 @@ class EngineOptions:
     routed_experts: bool = False
     host: str = "127.0.0.1"
     port: Optional[int] = None  # None -> a free port
-    api_key: Optional[str] = None  # None -> generated
+    api_key: Optional[str] = None  # None -> generated; "" -> no key (slime's managed mode)
     attention_backend: Optional[str] = None  # None -> intel_amx with speculative decoding, else SGLang's choice
     mem_fraction_static: float = 0.05
     max_total_tokens: int = 4096
@@ -62,7 +62,7 @@ def resolve(opts: EngineOptions) -> EngineOptions:
     return replace(
         opts,
         port=opts.port or free_port(opts.host),
-        api_key=opts.api_key or secrets.token_hex(16),
+        api_key=secrets.token_hex(16) if opts.api_key is None else opts.api_key,
     )
 
 
@@ -125,7 +125,7 @@ class EngineProcess:
         return self.opts.api_key
 
     def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -138,7 +138,8 @@ class EngineProcess:
             return ""
 
     def log_tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_text().replace(self.api_key, "***").splitlines()[-n:])
+        text = self.log_text()
+        return "\n".join((text.replace(self.api_key, "***") if self.api_key else text).splitlines()[-n:])
 
     def tree_pids(self) -> list:
         return self.proc.tree_pids()

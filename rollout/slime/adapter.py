@@ -1,0 +1,343 @@
+"""slime plug-in points backed by the rollout manager (plugin mode).
+
+    --rollout-function-path rollout.slime.generate_rollout
+    --custom-generate-function-path rollout.slime.generate      (optional, per sample)
+
+`generate_rollout(args, rollout_id, data_source, evaluation=False)` answers as slime's own
+`slime.rollout.sglang_rollout.generate_rollout` does for everything slime's trainer reads, but runs the
+groups through the manager (least-outstanding dispatch, stragglers aborted and carried, with their tokens,
+to the next step). Per group, as slime does: the request slime sends (`attach.sampling_from_args`,
+per-index seeds, budget `max_new_tokens - response_length`); every SGLang answer replayed through slime's
+`Sample.append_response_tokens` (SGLang's text, logprobs, loss mask, top-p spans, weight versions, status);
+`rollout_routed_experts` in slime's `[len(tokens)-1, num_layers, topk]` int32; slime's sample hooks, then
+`async_rm` per sample, or `batched_async_rm` on the group with `--group-rm`; slime's dynamic filter with
+its drop metrics; groups sorted by `index`; then slime's sample filter and all-samples process.
+`Sample.rollout_id` is left as the data source gave it (slime: one id per rollout *execution*).
+`evaluation=True` runs slime's own eval rollout (slime's default `--eval-function-path` is the rollout
+function) and returns its `RolloutFnEvalOutput`.
+`generate(args, sample, sampling_params, evaluation=False)` is slime's custom-generate contract for one
+sample; slime itself then applies its hooks and reward.
+
+The backend is a `RolloutManager` attached to slime's router (`attach.attach_router`); `set_backend()`
+injects another manager-like object (tests).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import threading
+
+from rollout.slime import attach
+from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
+
+__all__ = ["generate", "generate_rollout", "reset", "set_backend"]
+
+_STATE: dict = {}
+_LOCK = threading.Lock()
+_SLIME = {  # slime's own rollout helpers (importable wherever slime calls this adapter)
+    "eval": "slime.rollout.sglang_rollout.generate_rollout",
+    "hooks": "slime.rollout.sample_hooks.apply_rollout_sample_hooks",
+    "async_rm": "slime.rollout.rm_hub.async_rm",
+    "batched_async_rm": "slime.rollout.rm_hub.batched_async_rm",
+    "call_dynamic_filter": "slime.rollout.filter_hub.base_types.call_dynamic_filter",
+    "should_drop": "slime.rollout.filter_hub.base_types.should_drop_dynamic_filter_output",
+    "MetricGatherer": "slime.rollout.filter_hub.base_types.MetricGatherer",
+}
+
+
+def _load(path: str):
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _slime(name: str, why: str):
+    try:
+        return _load(_SLIME[name])
+    except ImportError as e:
+        raise RuntimeError(f"{why} needs slime importable ({e})") from None
+
+
+def _loop() -> attach.Loop:
+    with _LOCK:
+        if "loop" not in _STATE:
+            _STATE["loop"] = attach.Loop()
+        return _STATE["loop"]
+
+
+# ------------------------------------------------------------------ wiring
+def set_backend(backend, tokenizer=None, layout=None) -> None:
+    """Use `backend` (manager-like) for every later call; `layout` is a `MoELayout` (routed experts only)."""
+    _STATE.update(backend=backend, tokenizer=tokenizer, layout=layout)
+
+
+def reset() -> None:
+    """Close an attached backend's HTTP session and forget the backend (the next call attaches again)."""
+    backend = _STATE.get("backend")
+    session = getattr(backend, "session", None)
+    if session is not None and "loop" in _STATE and not session.closed:
+        _STATE["loop"].run(session.close())
+    for key in ("backend", "tokenizer", "layout", "pending"):
+        _STATE.pop(key, None)
+
+
+def _ensure(args):
+    if "backend" not in _STATE:
+        layout = attach.moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
+        backend = _loop().run(attach.attach_router(args, layout))
+        tokenizer = _STATE["tokenizer"] if "tokenizer" in _STATE else _load_tokenizer(args)
+        set_backend(backend, tokenizer, layout)
+    return _STATE["backend"], _STATE.get("tokenizer"), _STATE.get("layout")
+
+
+def _load_tokenizer(args):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
+
+
+# ------------------------------------------------------------------ conversion
+def _prompt_ids(sample, tokenizer) -> list:
+    """slime's rule: the sample's tokens when it has them, else `encode(prompt, add_special_tokens=False)`
+    (slime's data source has already applied the chat template)."""
+    if sample.tokens:
+        return list(sample.tokens)
+    if tokenizer is None:
+        raise ValueError("sample has no tokens and no tokenizer is set")
+    return list(tokenizer.encode(sample.prompt, add_special_tokens=False))
+
+
+def fill_sample(args, dst: Sample, src, layout=None, prior_routed=None) -> Sample:
+    """Replay the manager sample's SGLang answers into slime's `Sample` through slime's own
+    `append_response_tokens`, then set `rollout_routed_experts` in slime's shape."""
+    if not dst.tokens:
+        dst.tokens = list(src.prompt_ids)
+    pos = len(dst.tokens) - len(src.prompt_ids)          # response tokens slime already holds
+    for n, text, meta in getattr(src, "outputs", []):
+        dst.append_response_tokens(args, tokens=src.response_ids[pos:pos + n], log_probs=src.logprobs[pos:pos + n],
+                                   trainable=True, meta_info=meta, text=text)
+        pos += n
+    if src.status == "truncated" and not getattr(src, "outputs", None):
+        dst.status = Sample.Status.TRUNCATED               # budget already used up: no request
+    elif src.status == "failed":
+        dst.status = Sample.Status.FAILED
+        dst.metadata = dict(dst.metadata or {}, slime_moe_rollout_error=src.error)
+    if src.routed_experts is not None and layout is not None:
+        from rollout.routed_experts import to_slime_shape
+        full = to_slime_shape(src.routed_experts, layout)
+        missing = len(dst.tokens) - 1 - full.shape[0]
+        if missing > 0 and prior_routed is not None:   # continuation: earlier rows come from slime's sample
+            import torch
+            full = torch.cat([torch.as_tensor(prior_routed)[:missing], full], dim=0)
+        dst.rollout_routed_experts = full
+    return dst
+
+
+# ------------------------------------------------------------------ hooks and rewards (slime's own)
+async def _hooks(args, sample):
+    if not getattr(args, "rollout_sample_hook_path", None):
+        return sample
+    return await _slime("hooks", "--rollout-sample-hook-path")(args, sample, evaluation=False)
+
+
+async def _call_rm(args, name: str, value):
+    if SLIME_AVAILABLE:
+        return await _slime(name, "reward")(args, value)
+    if not getattr(args, "custom_rm_path", None):   # slime's built-in rms need slime
+        return None if name == "async_rm" else [None] * len(value)
+    out = _load(args.custom_rm_path)(args, value)
+    return await out if inspect.isawaitable(out) else out
+
+
+async def _finish_group(args, group: list) -> list:
+    """What slime's generate_and_rm / generate_and_rm_group do after generation."""
+    group = [await _hooks(args, s) for s in group]
+    if getattr(args, "group_rm", False):
+        for s, r in zip(group, await _call_rm(args, "batched_async_rm", group)):
+            s.reward = r
+        return group
+    for s in group:
+        if s.status != Sample.Status.ABORTED and s.reward is None:
+            s.reward = await _call_rm(args, "async_rm", s)
+    return group
+
+
+class _Filter:
+    """slime's dynamic sampling filter and its drop metrics (no filter, no slime needed)."""
+
+    def __init__(self, args):
+        path = getattr(args, "dynamic_sampling_filter_path", None)
+        self.fn = _load(path) if path else None
+        self.gatherer = _slime("MetricGatherer", "--dynamic-sampling-filter-path")() if path else None
+
+    def drop(self, args, group, remaining: int, target: int) -> bool:
+        if self.fn is None:
+            return False
+        out = _slime("call_dynamic_filter", "filter")(self.fn, args, group)
+        if _slime("should_drop", "filter")(out, remaining_batch_size=remaining, target_data_size=target):
+            self.gatherer.on_dynamic_filter_drop(reason=out.reason)
+            return True
+        return False
+
+    def metrics(self) -> dict:
+        return self.gatherer.collect() if self.gatherer else {}
+
+
+# ------------------------------------------------------------------ slime entry points
+class _Sink:
+    """Receives finished manager groups, turns them into slime groups, applies slime's per-group steps."""
+
+    def __init__(self, args, pending: dict, layout, target: int):
+        self.args, self.pending, self.layout, self.target = args, pending, layout, target
+        self.groups: list = []
+        self.all_groups: list = []
+        self.seen: set = set()
+        self.filter = _Filter(args)
+        self.started = 0   # slime's remaining_batch_size: groups submitted minus groups dropped
+
+    async def put(self, group) -> bool:
+        if group.group_id in self.seen:
+            return False
+        self.seen.add(group.group_id)
+        slime_group, _ = self.pending.pop(group.group_id)
+        if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
+            return False
+        for dst, src in zip(slime_group, group.samples):
+            fill_sample(self.args, dst, src, self.layout)
+        slime_group = await _finish_group(self.args, slime_group)
+        self.all_groups.append(slime_group)
+        if self.filter.drop(self.args, slime_group, self.started, self.target):
+            self.started -= 1
+            return False
+        self.groups.append(slime_group)
+        return True
+
+
+def generate_rollout(args, rollout_id, data_source, evaluation=False):
+    """slime `--rollout-function-path` (and, by slime's default, `--eval-function-path`) entry point."""
+    if evaluation:
+        return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
+                                                                       evaluation=True)
+    backend, tokenizer, layout = _ensure(args)
+    n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
+    if getattr(backend, "n_samples", n) != n:
+        raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
+    pending: dict = _STATE.setdefault("pending", {})   # manager group id -> slime samples (carried too)
+    over = int(getattr(args, "over_sampling_batch_size", None) or want)
+    sink = _Sink(args, pending, layout, want)
+    results = []
+    while len(sink.groups) < want:
+        need = want - len(sink.groups)
+        carried = len(getattr(backend, "carry", []) or [])
+        new_groups: list = []
+        while len(sink.groups) + carried + len(new_groups) < want:   # slime: over_sampling_batch_size a time
+            got = data_source.get_samples(over)
+            if not got:
+                break
+            new_groups += got
+        sink.started = len(sink.groups) + carried + len(new_groups)
+        results.append(_loop().run(_run(backend, sink, new_groups, tokenizer, pending, need)))
+        if not new_groups and not carried:
+            break
+    data = sorted(sink.groups, key=lambda g: g[0].index if g[0].index is not None else 0)
+    all_groups = sorted(sink.all_groups, key=lambda g: g[0].index if g[0].index is not None else 0)
+    if getattr(args, "rollout_sample_filter_path", None):
+        _load(args.rollout_sample_filter_path)(args, data)
+    if getattr(args, "rollout_all_samples_process_path", None):
+        _load(args.rollout_all_samples_process_path)(args, all_groups, data_source)
+    _note_weight_version(backend, data)
+    metrics = dict(sink.filter.metrics())
+    metrics.update({"rollout/groups": len(data), "rollout/carried": getattr(results[-1], "carried", 0),
+                    "rollout/resent": sum(getattr(r, "resent", 0) for r in results),
+                    "rollout/first_group_s": getattr(results[0], "first_group_s", None),
+                    "rollout/wall_s": sum(getattr(r, "wall_s", 0.0) or 0.0 for r in results)})
+    return RolloutFnTrainOutput(samples=data, metrics=metrics)
+
+
+async def _run(backend, sink, new_groups, tokenizer, pending, need):
+    prompts = [_prompt_ids(g[0], tokenizer) for g in new_groups]
+    made: list = []   # manager group ids, in the order the manager creates the new groups
+    orig = backend.new_group
+
+    def new_group(prompt_ids):   # the manager creates every new group before dispatching any
+        group = orig(prompt_ids)
+        made.append(group.group_id)
+        return group
+
+    backend.new_group = new_group
+    reg = _Register(sink, made, list(zip(new_groups, prompts)), pending)
+    try:
+        result = await backend.rollout(prompts, reg, batch_size=need)
+    finally:
+        backend.new_group = orig
+    reg.bind()   # groups that are all carried to the next step were never put
+    _rebind_carried(backend, pending)
+    return result
+
+
+def _note_weight_version(backend, groups) -> None:
+    """Tell the manager the weight version its engines serve now (what a restarted engine must match)."""
+    versions = [s.weight_versions[-1] for g in groups for s in g if s.weight_versions]
+    if versions and hasattr(backend, "set_weight_version"):
+        backend.set_weight_version(versions[-1])
+
+
+def _rebind_carried(backend, pending: dict) -> None:
+    """Without partial rollout the manager re-creates unfinished groups under new ids (same prompt):
+    move their slime samples to the new ids so the next step can still return them."""
+    stale = {gid: v for gid, v in pending.items() if gid not in {g.group_id for g in getattr(backend, "carry", [])}}
+    for g in getattr(backend, "carry", []) or []:
+        if g.group_id in pending:
+            continue
+        for gid, (slime_group, prompt) in list(stale.items()):
+            if prompt == tuple(g.prompt_ids):
+                pending[g.group_id] = pending.pop(gid)
+                del stale[gid]
+                break
+
+
+class _Register:
+    """Sink wrapper: binds manager group ids (known only once the manager made the groups) to slime groups."""
+
+    def __init__(self, sink, made, todo, pending):
+        self.sink, self.made, self.todo, self.pending = sink, made, todo, pending
+
+    def bind(self) -> None:
+        while self.made and self.todo:
+            slime_group, prompt = self.todo.pop(0)
+            self.pending[self.made.pop(0)] = (slime_group, tuple(prompt))
+
+    async def put(self, group) -> bool:
+        self.bind()
+        return await self.sink.put(group)
+
+
+_SAMPLE_IDS = itertools.count()
+
+
+async def generate(args, sample, sampling_params, evaluation=False):
+    """slime `--custom-generate-function-path` entry point: one sample through the manager.
+    `sampling_params["max_new_tokens"]` is the total response budget (slime's rule)."""
+    from rollout.dispatch import Sample as MSample
+    budget = int(sampling_params["max_new_tokens"])
+    if budget < sample.response_length:
+        raise ValueError(f"max_new_tokens {budget} < response_length {sample.response_length}")
+    if budget == sample.response_length:
+        sample.status = Sample.Status.TRUNCATED
+        return sample
+    backend, tokenizer, layout = _ensure(args)
+    ids = _prompt_ids(sample, tokenizer)
+    cut = len(ids) - sample.response_length if sample.tokens else len(ids)
+    k = next(_SAMPLE_IDS)
+    ms = MSample(f"slime{k}/0", f"slime{k}", 0, ids[:cut], response_ids=ids[cut:],
+                 logprobs=[0.0] * (len(ids) - cut), max_new_tokens=budget)
+    params = {key: v for key, v in sampling_params.items() if key != "max_new_tokens"}
+    prior = sample.rollout_routed_experts
+
+    async def run():
+        import copy
+        disp = copy.copy(backend.dispatcher)   # shares engines, slots and lock; other sampling params
+        disp.sampling, disp.seeds = dict(disp.sampling, **params), None   # slime sent its own seed
+        return await disp.run(ms)
+
+    done = await _loop().run_async(run())
+    return fill_sample(args, sample, done, layout, prior_routed=prior)

@@ -1,0 +1,155 @@
+"""Plugin mode's backend: a RolloutManager attached to slime's router, on one background event loop.
+
+The request slime's own rollout sends is the one sent here: `sampling_from_args` builds the sampling
+params as slime's `GenerateState` does, `_RouterDispatcher` adds slime's per-sample `sampling_seed`
+(deterministic inference), asks for the continuation budget `max_new_tokens - response_length`, sends
+nothing when that is 0 (the sample is TRUNCATED), and keeps every answer's SGLang `text` and
+`meta_info` so the adapter can replay them through slime's `Sample.append_response_tokens`.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+from rollout.dispatch import Dispatcher
+
+CONFIG_ENV = "SLIME_MOE_ROLLOUT_CONFIG"   # optional YAML (training_configs schema) for model facts
+
+
+class Loop:
+    """One asyncio loop in a daemon thread: slime calls the rollout function synchronously."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="slime-moe-rollout", daemon=True)
+        self.thread.start()
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def run_async(self, coro):
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+
+def moe_layout(args):
+    """MoE layout from the YAML named by $SLIME_MOE_ROLLOUT_CONFIG, else from Megatron's args."""
+    from rollout.routed_experts import MoELayout
+    path = os.environ.get(CONFIG_ENV) or getattr(args, "slime_moe_rollout_config", None)
+    if path:
+        from training_configs.schema import load_config
+        m = load_config(path).model
+        return MoELayout.from_first_k_dense(m.num_layers, m.first_k_dense_replace, m.num_experts, m.topk)
+    freq = getattr(args, "moe_layer_freq", None)
+    if freq is not None:
+        return MoELayout.from_layer_freq(freq, args.num_experts, args.moe_router_topk, args.num_layers)
+    return MoELayout.from_first_k_dense(args.num_layers, 0, args.num_experts, args.moe_router_topk)
+
+
+def sampling_from_args(args) -> dict:
+    """The sampling params slime's own rollout sends for a training sample (slime's GenerateState)."""
+    sp = {"temperature": args.rollout_temperature, "top_p": args.rollout_top_p, "top_k": args.rollout_top_k,
+          "max_new_tokens": args.rollout_max_response_len, "stop": getattr(args, "rollout_stop", None),
+          "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
+          "skip_special_tokens": getattr(args, "rollout_skip_special_tokens", False),
+          "no_stop_trim": True, "spaces_between_special_tokens": False}
+    if args.rollout_top_p != 1.0:
+        sp["custom_params"] = {"return_top_p_token_ids": True}
+    return sp
+
+
+def group_seeds(args):
+    """slime's per-index `sampling_seed` (rollout_seed + index in the group) under deterministic inference."""
+    if not getattr(args, "sglang_enable_deterministic_inference", False):
+        return None
+    return [args.rollout_seed + i for i in range(int(args.n_samples_per_prompt))]
+
+
+def router_url(args) -> str:
+    """slime's router: --sglang-router-ip/port, or (slime 0.3.x) args.sglang_model_routers {name: (ip, port)}."""
+    ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
+    if not (ip and port):
+        routers = getattr(args, "sglang_model_routers", None) or {}
+        if not routers:
+            raise ValueError("no slime router address: neither --sglang-router-ip/port nor args.sglang_model_routers")
+        ip, port = routers.get("default") or next(iter(routers.values()))
+    return f"http://{ip}:{port}"
+
+
+async def attach_router(args, layout):
+    """A RolloutManager with one admitted 'engine': slime's router (which balances over its workers)."""
+    from rollout.manager import RolloutManager
+    from training_configs.schema import HealthConfig, ReadinessBudgets
+
+    engines = max(1, int(getattr(args, "rollout_num_gpus", 1) or 1)
+                  // max(1, int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)))
+    capacity = int(getattr(args, "sglang_server_concurrency", 512)) * engines
+    decode = None
+    if getattr(args, "use_rollout_routing_replay", False):
+        from rollout.routed_experts.validate import try_decode_compact
+
+        def decode(payload, num_tokens, start_len):
+            return try_decode_compact(payload, layout, num_tokens, start_len)
+
+    mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(),
+                         sampling=sampling_from_args(args), n_samples=int(args.n_samples_per_prompt),
+                         concurrency=capacity, decode_routed=decode,
+                         partial_rollout=bool(getattr(args, "partial_rollout", True)))
+    await mgr.attach([Endpoint("slime-router", router_url(args), getattr(args, "sglang_api_key", None))],
+                     dispatcher_cls=RouterDispatcher)
+    mgr.dispatcher.seeds = group_seeds(args)
+    return mgr
+
+
+class Endpoint:
+    def __init__(self, name, url, api_key=None):
+        self.name, self.url, self.api_key = name, url, api_key
+
+
+class RouterDispatcher(Dispatcher):
+    """The manager's dispatcher speaking slime's request rules through slime's router."""
+
+    seeds = None
+
+    def budget_left(self, sample) -> int:
+        return int(sample.max_new_tokens or self.sampling["max_new_tokens"]) - len(sample.response_ids)
+
+    def payload(self, sample, rid: str) -> dict:
+        body = super().payload(sample, rid)
+        if self.seeds:
+            body["sampling_params"]["sampling_seed"] = self.seeds[sample.index % len(self.seeds)]
+        return body
+
+    async def run(self, sample):
+        if self.budget_left(sample) <= 0:   # slime: nothing left -> TRUNCATED, no request
+            sample.status = "truncated"
+            return sample
+        return await super().run(sample)
+
+    def _apply(self, sample, out: dict) -> None:
+        before = len(sample.response_ids)
+        super()._apply(sample, out)
+        meta = {k: v for k, v in out.get("meta_info", {}).items() if k != "routed_experts"}
+        if not hasattr(sample, "outputs"):
+            sample.outputs = []
+        sample.outputs.append((len(sample.response_ids) - before, out.get("text", ""), meta))
+
+    async def abort(self, rids_prefix=None):
+        """Abort stragglers on every worker behind the router (the router itself has no /abort_request)."""
+        import aiohttp
+        for slot in list(self.slots.values()):
+            try:
+                async with self.session.get(slot.engine.url + "/workers",
+                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    body = await r.json(content_type=None)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                continue
+            items = body.get("workers", body) if isinstance(body, dict) else body
+            urls = [w.get("url") if isinstance(w, dict) else w for w in (items or [])]
+            for u in filter(None, urls):
+                try:
+                    async with self.session.post(u + "/abort_request", json={"abort_all": True},
+                                                 timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass

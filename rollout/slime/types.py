@@ -1,0 +1,170 @@
+"""slime's rollout data types: the real ones when slime is importable, a STAND-IN otherwise.
+
+slime is not on PyPI. Outside slime's image `Sample`, `RolloutFnTrainOutput` and `RolloutFnEvalOutput`
+here are our own dataclasses with the names, fields and field order of slime 0.3.1's
+(`slime/utils/types.py`, `slime/rollout/base_types.py`), answering as slime's do for what the adapter
+uses: `append_response_tokens` (lengths, loss mask, logprob rules, top-p spans, weight versions, finish
+reason -> status, prefix-cache counts), `to_dict`/`from_dict` (unknown keys kept), `get_reward_value`.
+Routed experts are NOT decoded here (the adapter sets `rollout_routed_experts` itself).
+`tests/test_slime_contract.py` pins these facts and, with slime on the path, checks them against slime.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+__all__ = ["SLIME_AVAILABLE", "RolloutFnEvalOutput", "RolloutFnTrainOutput", "Sample"]
+
+try:  # inside slime's image (or SLIME_SRC on PYTHONPATH)
+    from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # type: ignore
+    from slime.utils.types import Sample  # type: ignore
+    SLIME_AVAILABLE = True
+except ImportError:
+    SLIME_AVAILABLE = False
+
+    def _int32(meta: dict, keys: tuple):
+        """slime's decode of an int32 meta array (base64 string, bytes or list) -> list, or None."""
+        value = next((meta[k] for k in keys if k in meta), None)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            import base64
+            value = base64.b64decode(value)
+        if isinstance(value, (bytes, bytearray)):
+            import numpy as np
+            return np.frombuffer(bytes(value), dtype=np.int32).tolist()
+        return [int(v) for v in value]
+
+    @dataclass
+    class Sample:  # noqa: F811 - stand-in for slime.utils.types.Sample
+        group_index: Optional[int] = None
+        index: Optional[int] = None
+        rollout_id: Optional[int] = None
+        prompt: Any = ""
+        tokens: list = field(default_factory=list)
+        multimodal_inputs: Any = None
+        multimodal_train_inputs: Any = None
+        multimodal_train_input_id: Any = None
+        apply_chat_template_kwargs: dict = field(default_factory=dict)
+        response: str = ""
+        response_length: int = 0
+        label: Any = None
+        reward: Any = None
+        loss_mask: Optional[list] = None
+        weight_versions: list = field(default_factory=list)
+        rollout_log_probs: Optional[list] = None
+        rollout_top_p_token_ids: Optional[list] = None
+        rollout_top_p_token_offsets: Optional[list] = None
+        rollout_routed_experts: Any = None
+        remove_sample: bool = False
+        teacher_log_probs: Optional[list] = None
+
+        class Status(Enum):
+            PENDING = "pending"
+            COMPLETED = "completed"
+            TRUNCATED = "truncated"
+            ABORTED = "aborted"
+            FAILED = "failed"
+
+        status: "Sample.Status" = Status.PENDING
+        metadata: dict = field(default_factory=dict)
+        generate_function_path: Optional[str] = None
+        custom_rm_path: Optional[str] = None
+        train_metadata: Optional[dict] = None
+        session_id: Optional[str] = None
+        non_generation_time: float = 0.0
+
+        @dataclass
+        class SpecInfo:
+            spec_accept_token_num: int = 0
+            spec_draft_token_num: int = 0
+            spec_verify_ct: int = 0
+            completion_token_num: int = 0
+
+        spec_info: SpecInfo = field(default_factory=SpecInfo)
+
+        @dataclass
+        class PrefixCacheInfo:
+            cached_tokens: int = 0
+            total_prompt_tokens: int = 0
+
+        prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
+
+        def get_reward_value(self, args):
+            return self.reward if not args.reward_key else self.reward[args.reward_key]
+
+        def append_response_tokens(self, args=None, *, tokens=None, log_probs=None, trainable=True,
+                                   meta_info=None, text=None, update_terminal_info=True):
+            tokens = [int(t) for t in (tokens or [])]
+            log_probs = None if log_probs is None else [float(x) for x in log_probs]
+            if log_probs is not None and len(log_probs) != len(tokens):
+                raise ValueError(f"log_probs length {len(log_probs)} != tokens length {len(tokens)}")
+            if tokens and trainable and log_probs is None:
+                raise ValueError("trainable response tokens require rollout log probabilities.")
+            if tokens and not trainable:
+                if log_probs is not None:
+                    raise ValueError("non-trainable response tokens should not pass rollout log probabilities.")
+                log_probs = [0.0] * len(tokens)
+            if text is not None:
+                self.response += text
+            before = self.response_length
+            if tokens:
+                self.tokens = list(self.tokens) + tokens
+                self.response_length += len(tokens)
+                self.loss_mask = list(self.loss_mask if self.loss_mask is not None else [1] * before)
+                self.loss_mask += [1 if trainable else 0] * len(tokens)
+            if log_probs is not None:
+                if self.rollout_log_probs is None:
+                    if trainable and before:
+                        raise ValueError("Cannot append trainable rollout log probabilities to a sample with "
+                                         "existing response tokens but no existing rollout_log_probs.")
+                    self.rollout_log_probs = [0.0] * before
+                self.rollout_log_probs = list(self.rollout_log_probs) + log_probs
+            meta = meta_info or {}
+            ids = _int32(meta, ("top_p_token_ids", "top_p_kept_token_ids"))
+            offsets = _int32(meta, ("top_p_token_offsets", "top_p_kept_token_offsets"))
+            if tokens and ids is not None and offsets is not None:
+                base_ids = list(self.rollout_top_p_token_ids or [])
+                base = list(self.rollout_top_p_token_offsets or [0])
+                self.rollout_top_p_token_ids = base_ids + ids
+                self.rollout_top_p_token_offsets = base + [o + base[-1] for o in offsets[1:]]
+            if not update_terminal_info or "finish_reason" not in meta:
+                return
+            self.prefix_cache_info.cached_tokens += meta.get("cached_tokens", 0)
+            self.prefix_cache_info.total_prompt_tokens += meta.get("prompt_tokens", 0)
+            if "weight_version" in meta:
+                self.weight_versions.append(meta["weight_version"])
+            status = {"length": "TRUNCATED", "abort": "ABORTED", "stop": "COMPLETED"}.get(meta["finish_reason"]["type"])
+            if status:
+                self.status = Sample.Status[status]
+
+        def to_dict(self) -> dict:
+            value = self.__dict__.copy()
+            value["status"] = self.status.value
+            value["spec_info"] = dict(self.spec_info.__dict__)
+            value["prefix_cache_info"] = dict(self.prefix_cache_info.__dict__)
+            return value
+
+        @staticmethod
+        def from_dict(data: dict) -> "Sample":
+            data = dict(data)
+            data["status"] = Sample.Status(data["status"])
+            data["spec_info"] = Sample.SpecInfo(**data.get("spec_info", {}))
+            data["prefix_cache_info"] = Sample.PrefixCacheInfo(**data.get("prefix_cache_info", {}))
+            names = set(Sample.__dataclass_fields__)
+            sample = Sample(**{k: v for k, v in data.items() if k in names})
+            for k, v in data.items():
+                if k not in names:
+                    setattr(sample, k, v)
+            return sample
+
+    @dataclass
+    class RolloutFnTrainOutput:  # noqa: F811
+        samples: list
+        metrics: Optional[dict] = None
+
+    @dataclass
+    class RolloutFnEvalOutput:  # noqa: F811
+        data: dict
+        metrics: Optional[dict] = None

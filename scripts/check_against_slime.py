@@ -1,0 +1,166 @@
+"""slime's OWN client code against engines started by `slime-moe-rollout serve` (driver of
+scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, slime on PYTHONPATH).
+
+    python scripts/check_against_slime.py CONFIG MODEL_PATH HOST:PORT [HOST:PORT ...]
+
+1. managed mode: slime's `discover_external_engines`, slime's router (`_start_router`), and one
+   `SGLangEngine` per address running slime's `init` -> `_init_external` (server-args comparison,
+   router registration); then slime's own `generate_rollout` through that router and slime's
+   `_convert_samples_to_train_data` (R3 validation) on its output;
+2. plugin mode: `rollout.slime.generate_rollout` through the same router, slime's conversion again;
+3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
+slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
+functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
+Prints one line per step ([ok] / [FAILED] / [GAP] for what this environment cannot show); exits 1 on
+the first failure.
+"""
+import itertools
+import json
+import os
+import sys
+import tempfile
+from types import SimpleNamespace
+
+
+GAPS: list = []
+
+
+async def length_reward(args, sample):
+    return float(sample.response_length)
+
+
+class DataSource:
+    """STAND-IN for slime's RolloutDataSource: text prompts, numbered as slime numbers them."""
+
+    def __init__(self, prompts, n):
+        self.prompts, self.n, self.i, self.k = list(prompts), n, 0, 0
+
+    def get_samples(self, k):
+        from slime.utils.types import Sample
+        out = []
+        for _ in range(k):
+            p = self.prompts[self.i % len(self.prompts)]
+            out.append([Sample(group_index=self.i, index=self.k + j, prompt=p) for j in range(self.n)])
+            self.i, self.k = self.i + 1, self.k + self.n
+        return out
+
+    def add_samples(self, groups):
+        pass
+
+
+def slime_args(cfg, model_path, addrs):
+    from training_configs.render import slime_args as render
+    argv = render(cfg, "managed", addrs)
+    g, m, r = cfg.engine_groups[0], cfg.model, cfg.rollout
+    return SimpleNamespace(
+        hf_checkpoint=model_path, rollout_external=True, rollout_external_engine_addrs=addrs,
+        num_gpus_per_node=int(argv[argv.index("--num-gpus-per-node") + 1]),
+        rollout_num_gpus_per_engine=g.gpus_per_engine, rollout_num_engines=len(addrs), sglang_pp_size=g.pp,
+        sglang_dp_size=g.dp, sglang_ep_size=g.ep, seed=1234, offload_rollout=False, fp16=False,
+        use_rollout_routing_replay=g.routed_experts, num_layers=m.num_layers, moe_router_topk=m.topk,
+        num_experts=m.num_experts, sglang_router_ip=None, sglang_router_port=None,
+        sglang_router_request_timeout_secs=3600, sglang_server_concurrency=r.concurrency_per_engine,
+        use_distributed_post=False, rollout_global_dataset=True, n_samples_per_prompt=r.n_samples_per_prompt,
+        rollout_batch_size=2, over_sampling_batch_size=2, rollout_temperature=r.sampling.temperature,
+        rollout_top_p=r.sampling.top_p, rollout_top_k=r.sampling.top_k, rollout_max_response_len=8,
+        rollout_stop=None, rollout_stop_token_ids=None, rollout_skip_special_tokens=False, rollout_seed=42,
+        partial_rollout=False, mask_offpolicy_in_partial_rollout=False, group_rm=False,
+        custom_rm_path="check_against_slime.length_reward", custom_generate_function_path=None,
+        dynamic_sampling_filter_path=None, rollout_sample_filter_path=None, rollout_all_samples_process_path=None,
+        rollout_sample_hook_path=None, ci_test=False, sglang_speculative_algorithm=None,
+        reward_key=None, eval_reward_key=None, advantage_estimator="grpo", rewards_normalization=True,
+        grpo_std_normalization=True, custom_convert_samples_to_train_data_path=None, eval_datasets=[],
+        eval_max_prompt_len=None, multimodal_keys=None, apply_chat_template=False,
+        apply_chat_template_kwargs=None, eval_min_new_tokens=None, sglang_enable_deterministic_inference=False)
+
+
+def train_data(args, samples):
+    from slime.observability.rollout_data_utils import validate_rollout_id_annotated
+    from slime.ray.rollout import RolloutManager
+    validate_rollout_id_annotated(samples)
+    while isinstance(samples[0], list):
+        samples = list(itertools.chain.from_iterable(samples))
+    mgr = object.__new__(RolloutManager.__ray_actor_class__)
+    mgr.args, mgr.custom_convert_samples_to_train_data_func, mgr.custom_reward_post_process_func = args, None, None
+    data = mgr._convert_samples_to_train_data(samples)
+    re = data.get("rollout_routed_experts") or []
+    if args.use_rollout_routing_replay and not re:
+        GAPS.append("no routed experts reached slime: the router forwarded /generate without "
+                    "return_routed_experts (PyPI sglang-router drops it; slime's image ships a patched router)")
+        print(f"[GAP] {GAPS[-1]}", flush=True)
+    return (f"{len(samples)} samples, status {sorted({s.status.value for s in samples})}, rollout_ids "
+            f"{data['rollout_ids']}, response_lengths {data['response_lengths']}, routed experts "
+            f"{[tuple(x.shape) for x in re][:2]}")
+
+
+def step(name, fn):
+    try:
+        print(f"[ok] {name}: {fn()}", flush=True)
+    except Exception as e:
+        print(f"[FAILED] {name}: {type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}", flush=True)
+        sys.exit(1)
+
+
+def main(config, model_path, addrs):
+    import httpx
+    from slime.backends.sglang_utils import external, sglang_engine
+    from slime.ray.rollout import _start_router
+    from slime.rollout import sglang_rollout
+    from slime.utils import http_utils
+
+    from rollout.slime import generate_rollout
+    from training_configs.schema import load_config
+
+    args = slime_args(load_config(config), model_path, addrs)
+    http_utils.init_http_client(args)
+    infos = []
+    step("discover_external_engines (GET /server_info, no key)",
+         lambda: [(i.url, i.worker_type, i.num_gpus) for i in infos.extend(external.discover_external_engines(addrs))
+                  or infos])
+    args.rollout_num_gpus = sum(i.num_gpus for i in infos)
+    def router():
+        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
+        return f"{args.sglang_router_ip}:{args.sglang_router_port}"
+    step("slime's router (_start_router)", router)
+    # FAKE of slime's GPU-id mapping only (it needs a CUDA device); base_gpu_id is a skipped field
+    sglang_engine.accelerator.resolve_visible_device_id = int
+    engines = []
+
+    def attach():
+        for rank, info in enumerate(infos):
+            e = sglang_engine.SGLangEngine(args, rank, worker_type=info.worker_type, base_gpu_id=0,
+                                           num_gpus_per_engine=info.num_gpus)
+            e.init(**external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
+                   router_port=args.sglang_router_port)
+            engines.append(e)
+        return [f"rank {e.rank}: node_rank {e.node_rank}" for e in engines]
+    step("SGLangEngine.init x %d (server-args check, router registration)" % len(infos), attach)
+    router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    step("router /workers", lambda: [w["url"] for w in httpx.get(router + "/workers", timeout=30).json()["workers"]])
+    prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
+    out = {}
+    step("slime's own generate_rollout (managed mode)",
+         lambda: train_data(args, out.setdefault("m", sglang_rollout.generate_rollout(args, 0, DataSource(prompts, 2))).samples))
+    os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = config
+    step("rollout.slime.generate_rollout through slime's router (plugin mode)",
+         lambda: train_data(args, generate_rollout(args, 1, DataSource(prompts, 2)).samples))
+    step("rollout.slime.generate_rollout(evaluation=True) -> slime's eval rollout", lambda: eval_step(args, prompts))
+
+
+def eval_step(args, prompts):
+    from slime.utils.eval_config import EvalDatasetConfig
+
+    from rollout.slime import generate_rollout
+    path = os.path.join(tempfile.mkdtemp(), "eval.jsonl")
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps({"prompt": p, "label": ""}) + "\n" for p in prompts)
+    args.eval_datasets = [EvalDatasetConfig(name="tiny", path=path, input_key="prompt", label_key="label",
+                                            max_response_len=4, n_samples_per_eval_prompt=1, temperature=0.0,
+                                            top_p=1.0, top_k=-1, custom_rm_path="check_against_slime.length_reward")]
+    out = generate_rollout(args, 0, None, evaluation=True)
+    d = out.data["tiny"]
+    return f"{type(out).__name__}: rewards {d['rewards']}, truncated {d['truncated']}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# slime's own code against `slime-moe-rollout serve` (managed mode) and the plugin adapter.
+#
+#   scripts/check_against_slime.sh SLIME_SRC
+#
+# SLIME_SRC: a THUDM/slime checkout (tested: 624b824). SLIME_PYTHON (default /tmp/venv-slime/bin/python):
+# a Python whose SGLang slime supports (0.5.15.post1: slime's _compute_server_args needs a dataclass
+# ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router); e.g. a venv whose .pth
+# files put `pip install --no-deps --target DIR sglang==0.5.15.post1 transformers==5.12.1
+# tokenizers==0.22.2 pylatexenc sglang-router==0.3.2` before this project's venv. wandb, which slime only
+# imports, is replaced by a clearly named stub when missing. The engines run from this project's venv
+# (ENGINE_PYTHON, default .venv/bin/python); the script holds /tmp/engine.lock while they run.
+set -euo pipefail
+SLIME_SRC=${1:?usage: scripts/check_against_slime.sh SLIME_SRC}
+[ -d "$SLIME_SRC/slime" ] || { echo "error: $SLIME_SRC has no slime/ package" >&2; exit 2; }
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+SLIME_PYTHON=${SLIME_PYTHON:-/tmp/venv-slime/bin/python}
+ENGINE_PYTHON=${ENGINE_PYTHON:-$ROOT/.venv/bin/python}
+CONFIG=${CONFIG:-$ROOT/training_configs/tiny-cpu.yaml}
+BUDGET_S=${BUDGET_S:-600}
+WORK=$(mktemp -d)
+SERVE_PID=
+cleanup() {
+  if [ -n "$SERVE_PID" ] && kill -0 "$SERVE_PID" 2>/dev/null; then
+    kill -TERM "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+STUBS=$WORK/stubs
+if ! PYTHONPATH="$SLIME_SRC" "$SLIME_PYTHON" -c "import wandb" 2>/dev/null; then
+  mkdir -p "$STUBS/wandb"
+  echo '"""STUB (check_against_slime.sh): wandb is not installed; slime only imports it here."""' \
+    > "$STUBS/wandb/__init__.py"
+fi
+export PYTHONPATH="$ROOT:$ROOT/scripts:$SLIME_SRC:$STUBS"
+"$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null
+
+echo "serve: $CONFIG (engines: $("$ENGINE_PYTHON" -c 'import sglang; print("SGLang", sglang.__version__)' 2>/dev/null))"
+exec 9>/tmp/engine.lock   # the global engine lock, held by this script until it exits
+flock 9
+PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -m rollout.cli serve --config "$CONFIG" \
+  --log-dir "$WORK/logs" > "$WORK/addrs" 2> "$WORK/serve.err" &
+SERVE_PID=$!
+end=$((SECONDS + BUDGET_S))
+while [ ! -s "$WORK/addrs" ]; do
+  if ! kill -0 "$SERVE_PID" 2>/dev/null || [ $SECONDS -ge $end ]; then
+    echo "error: serve did not print its addresses within ${BUDGET_S} s" >&2; tail -20 "$WORK/serve.err" >&2; exit 1
+  fi
+  sleep 2
+done
+ADDRS=$(head -1 "$WORK/addrs")
+grep -E '^(ready|WARNING)' "$WORK/serve.err" || true
+MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.resolve_model(c.load('$CONFIG'), build=False))")
+timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS \
+  2>"$WORK/client.err" > "$WORK/client.out" || rc=$?
+grep -E '^\[(ok|FAILED|GAP)\]' "$WORK/client.out" || true     # slime's router logs to stdout too
+if [ "${rc:-0}" != 0 ]; then tail -30 "$WORK/client.err" >&2; exit 1; fi
+echo "all slime checks passed against $ADDRS"
