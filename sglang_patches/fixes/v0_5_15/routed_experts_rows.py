@@ -19,14 +19,15 @@ def draft_tokens(server_args):
                getattr(server_args, "max_speculative_num_draft_tokens", None) or 1)
 
 
-def grow_buffer(original, *args, **kwargs):
-    """AROUND RoutedExpertsCapturer.__init__: build as SGLang does, then grow a short buffer."""
+def grow(original, args, kwargs, server_args, attn_tp_size):
+    """Build the capturer as SGLang does, then grow a short buffer; `server_args()` and
+    `attn_tp_size()` read this version's published settings."""
     from sglang.srt.state_capturer import routed_experts as re_mod
 
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
-    sa = re_mod.get_global_server_args()
+    sa = server_args()
     dp_attention = re_mod.is_dp_attention_enabled()
     prefill_tokens, decode_bs = _graph_sizes(sa)
     need = rows_needed(
@@ -34,10 +35,18 @@ def grow_buffer(original, *args, **kwargs):
         context_len=getattr(a["model_config"], "context_len", 0),
         max_running_requests=a["max_running_requests"],
         num_dp_ranks=sa.dp_size if dp_attention else 1,
-        attn_tp_size=re_mod.get_attention_tp_size() if dp_attention else 1,
+        attn_tp_size=attn_tp_size() if dp_attention else 1,
         prefill_graph_tokens=prefill_tokens,
         decode_graph_bs=decode_bs,
         draft_tokens=draft_tokens(sa),
     )
     regrow(a["self"], need, a["device"])
     return None
+
+
+def grow_buffer(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ (0.5.15.post1: global server args)."""
+    from sglang.srt.state_capturer import routed_experts as re_mod
+
+    return grow(original, args, kwargs, lambda: re_mod.get_global_server_args(),
+                lambda: re_mod.get_attention_tp_size())
