@@ -362,7 +362,7 @@ _GUARDS = ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "v
            "dp_buffer_sizing_unreachable", "verify_logits_truncated", "health_generate_needs_newer_message"]
 _STATES = {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
            "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed", "verify-logits-truncation": "upstream",
-           "heartbeat-reset": "upstream"}
+           "heartbeat-reset": "upstream", "padding-rows-capture": "not-needed"}
 _SLIME_FIXES = dict(_FIXES, **{"capturer-extent": {  # slime's sglang.patch fixes the EAGLE-verify stride
     "capturer_extent_prefill_graph_first": NONE_MUL,
     "capturer_extent_prefill_graph_stale_bs": "stored gathered rows [8, 9,",

@@ -48,7 +48,8 @@ EXPECT = {"0.5.16": {
     "registered": ["capturer-extent", "routed-experts-rows", "draft-extend-real-rows", "verify-padding-lcm"],
     "states": {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
                "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed",
-               "verify-logits-truncation": "upstream", "heartbeat-reset": "upstream"},
+               "verify-logits-truncation": "upstream", "heartbeat-reset": "upstream",
+               "padding-rows-capture": "not-needed"},
 }}
 
 

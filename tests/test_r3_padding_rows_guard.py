@@ -1,6 +1,6 @@
 """Guard: padding rows captured as routes (sglang#36404) do not reach a request's payload.
 
-SGLang 0.5.23 (and 0.5.15.post1) still capture top-k in `_post_process_topk_ids` BEFORE the
+SGLang 0.5.23 (and 0.5.15.post1, 0.5.16) still capture top-k in `_post_process_topk_ids` BEFORE the
 padded-region mask, so the device capture buffer holds the padding tokens' routes. What reaches a
 request is decided by the host copy: `on_forward_end` writes this DP rank's slice of the gathered
 buffer to `host_cache[out_cache_loc]`; MLP-sync padding pads `out_cache_loc` with zeros
@@ -35,7 +35,7 @@ def _dp_rank(stack, rank, width):
         stack.enter_context(mock.patch.object(dpa, "dp_gather_width", lambda: width))
         stack.enter_context(mock.patch.object(dpa, "dp_gather_slot", lambda: rank))
         stack.enter_context(mock.patch.object(re_mod, "_is_scattered_a2a_backend", lambda: False))
-    else:  # 0.5.15.post1
+    else:  # 0.5.15.post1, 0.5.16
         stack.enter_context(mock.patch.object(dpa, "get_attention_dp_rank", lambda: rank))
         stack.enter_context(mock.patch.object(re_mod, "get_moe_a2a_backend",
                                               lambda: SimpleNamespace(is_deepep=lambda: False)))
@@ -78,7 +78,7 @@ def test_padding_rows_capture_guard():
     assert cap.device_cache.buffer[11:16, 0].tolist() == [PAD_ROUTE] * 5
     assert torch.equal(moe_ids[8:11], real)
     from importlib.metadata import version
-    masked_on_cpu = version("sglang") != "0.5.15.post1"  # 0.5.15.post1 masks on CUDA/HIP only
+    masked_on_cpu = version("sglang") not in ("0.5.15.post1", "0.5.16")  # those mask on CUDA (HIP) only
     assert moe_ids[11:].eq(-1).all() == masked_on_cpu
     # Host copy: our real rows to the request's slots, our padding rows to the reserved slot 0.
     assert cap.host_cache.buffer[100:103, 0].tolist() == real.tolist()

@@ -3,7 +3,7 @@
 Guard tests only, no hooks (state "not-needed" in `patches status`: the defective order is in
 SGLang, but what it captures cannot reach a request).
 
-- `padding-rows-capture` (sglang#36404): 0.5.23 and 0.5.15.post1 (stock and slime's) capture top-k before the padded-region mask,
+- `padding-rows-capture` (sglang#36404): 0.5.23, 0.5.16 and 0.5.15.post1 (stock and slime's) capture top-k before the padded-region mask,
   but the host copy writes padded rows to the reserved KV slot 0 (MLP-sync pads `out_cache_loc`
   with zeros), which no request's `req_to_token` holds.
 """
@@ -21,6 +21,6 @@ FIXES = [
         reference="sglang#36404 (merged upstream after 0.5.23); findings §4",
         test="tests/test_r3_padding_rows_guard.py::test_padding_rows_capture_guard",
         ports={v: Port(state="not-needed", reason=PADDING_ROWS)
-               for v in ("0.5.23", "0.5.15.post1", "0.5.15.post1+slime")},
+               for v in ("0.5.23", "0.5.16", "0.5.15.post1", "0.5.15.post1+slime")},
     ),
 ]
