@@ -70,7 +70,7 @@ def test_host_cache_unpinned_on_0_5_15():
 @pytest.mark.timeout(900)
 @pytest.mark.xfail(strict=True, reason=(
     "open (issue 9 item 6): on 0.5.15.post1 the engine starts and serves, but layer 1's routed experts "
-    "differ from transformers' router at row 0 ([0, 2, 9, 13] vs [2, 6, 9, 11]); cause not found yet"))
+    "differ from transformers' router at row 0 and at the decode rows (prefill rows 1..P-1 match); cause not found yet"))
 def test_a_routed_experts_match_transformers_on_0_5_15(tiny_model):
     from conftest import ENGINE_BUDGET_S
     from test_engine_single import check_routed, prompts
