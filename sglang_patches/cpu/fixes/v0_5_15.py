@@ -1,0 +1,70 @@
+"""The CPU fix family on stock SGLang 0.5.15.post1 (issue 9 item 6: the embedded CPU engine there).
+
+Same hooks as on 0.5.23: the hooked functions differ only in code these hooks do not depend on
+(0.5.15's `_cuda_host_register` has no chunking, its AMX check is `cpu_has_amx_support()`, its
+`all_gather_into_tensor` has no CPU branch, its `moe_forward_native` no `situ` activation).
+0.5.15's routed-experts `BaseHostCache` allocates with `torch.zeros(pin_memory=True)` itself (not
+through `_cuda_host_register`), which a CPU-only torch refuses at start-up ("pin_memory=True requires
+a CUDA or other accelerator backend"): cpu-host-register there also wraps `BaseHostCache.__init__`.
+`cpu-thread-binding` is not ported: 0.5.15 binds in `ModelRunner.init_threads_binding(self)` and the
+engine launcher sets SGLANG_CPU_OMP_THREADS_BIND for multi-rank engines itself.
+"""
+import importlib
+import sys
+
+from sglang_patches.registry import Hook, Port
+
+V = "0.5.15.post1"
+PINS = {  # fix module -> {target: 0.5.15.post1 fingerprint}
+    "host_register": ("408f1eed3b00a7e6",),
+    "cuda_synchronize": ("3438d8ef569c0d5f",),
+    "eagle_attention_backend": ("984563e2d6265ce6",),
+    "torch_native_fill": ("681e6d1c8d8ac744",),
+    "ep_native_moe": ("4fd0e5b793d2d0ac",),
+    "gloo_varsize_collectives": ("05109e16dab0bdb4", "9d85ae1727638521"),
+    "gloo_stacked_allgather": ("bdef29a7aa66691f",),
+}
+
+
+HOST_CACHE_INIT = "sglang.srt.state_capturer.base.BaseHostCache.__init__"
+
+
+class _UnpinnedTorch:
+    """`torch` for one call: zeros(pin_memory=True) gives plain host memory (nothing to pin without CUDA)."""
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, pin_memory=False, **kwargs):
+        import torch
+
+        return torch.zeros(*args, **kwargs)
+
+
+def unpinned_host_cache(original, *args, **kwargs):
+    import torch
+
+    if torch.cuda.is_available():
+        return original(*args, **kwargs)
+    g = sys.modules["sglang.srt.state_capturer.base"].__dict__
+    g["torch"] = _UnpinnedTorch()
+    try:
+        return original(*args, **kwargs)
+    finally:
+        g["torch"] = torch
+
+
+def _port(module: str, digests: tuple, extra: tuple = (), extra_pins: dict = None) -> tuple:
+    fix = importlib.import_module(f"sglang_patches.cpu.fixes.{module}").FIX
+    hooks = fix.ports["0.5.23"].hooks
+    pins = dict(zip((h.target for h in hooks), digests), **(extra_pins or {}))
+    return fix.name, {V: Port(hooks=hooks + extra, fingerprints=pins, test=TEST)}
+
+
+TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers_on_0_5_15"
+PORTS = dict(_port(m, d) for m, d in PINS.items() if m != "host_register")
+PORTS.update([_port("host_register", PINS["host_register"], (Hook(HOST_CACHE_INIT, unpinned_host_cache),),
+                    {HOST_CACHE_INIT: "24c16491a52570c3"})])
