@@ -28,7 +28,8 @@ case "$EXTRA" in
 esac
 [ -x .venv/bin/python ] || { echo "setup_sglang_env: .venv is missing: run scripts/setup_venv.sh first" >&2; exit 2; }
 ENV=.venvs/sglang-$VARIANT
-stamp=$( { cat "$PINS" scripts/setup_sglang_env.sh .venv/.stamp 2>/dev/null
+# The stamp names this checkout too: an env copied from (or built by) another clone links that clone's .venv.
+stamp=$( { cat "$PINS" scripts/setup_sglang_env.sh .venv/.stamp 2>/dev/null; pwd -P
            if [ -n "$EXTRA" ]; then for p in "${SLIME_PATCHES[@]}"; do cat "$PATCH_DIR/$p"; done; fi; } \
          | sha256sum | cut -c1-16)
 if [ -f "$ENV/.stamp" ] && [ "$(cat "$ENV/.stamp")" = "$stamp" ]; then
@@ -58,11 +59,15 @@ if [ "$EXTRA" = "+slime" ]; then
     done
     echo "$VARIANT" > "$ENV/variant"
 fi
-"$ENV/bin/python" - "$VERSION" <<'PY'
-import importlib.metadata as md, sys
+(ROOT=$(pwd -P); cd / && "$ROOT/$ENV/bin/python" -W ignore - "$VERSION" "$ROOT" <<'PY'
+import importlib.metadata as md, os, sys
 import sglang, sglang.srt.plugins, sglang.srt.model_executor.model_runner  # noqa: F401 - must import
+import sglang_patches
 assert md.version("sglang") == sys.argv[1], md.version("sglang")
 assert sglang.__file__.startswith(sys.prefix), sglang.__file__
+here = os.path.realpath(sglang_patches.__file__)
+assert here.startswith(os.path.join(sys.argv[2], "")), f"sglang_patches comes from {here}, not from {sys.argv[2]}"
 PY
+)
 echo "$stamp" > "$ENV/.stamp"
 echo "setup: $ENV ready"

@@ -30,6 +30,7 @@ CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
 
 def _config(engines=1, max_new_tokens=8):
     cfg = rconfig.load(CONFIG)
+    cfg.rollout.engine_auth = "key"  # the demo config is keyless (slime's managed mode); these engines take a key
     cfg.engine_groups[0].engines = engines
     # 4 running at a time while the manager keeps 8 in flight: the rest wait in SGLang's queue
     cfg.engine_groups[0].max_running_requests = 4
