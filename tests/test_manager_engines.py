@@ -1,8 +1,7 @@
 """The rollout manager against REAL SGLang CPU engines (tiny GLM-4.5 MoE, routed experts on).
 
-One engine is shared by the whole module (one real server at a time on this 2-core machine); the
-kill -9 test runs last because it restarts that engine. The two-engine variant (re-send to the
-healthy engine while the other restarts) is marked e2e.
+One engine is shared by the whole module (one real server at a time on this 2-core machine). The kill -9
+tests (this engine restarted; two engines with a re-send to the healthy one) are e2e and run last.
 """
 import asyncio
 import copy
@@ -199,6 +198,7 @@ def test_partial_rollout_queued_and_running_aborts_resume_with_rows_matching_tok
         assert _rows_match_tokens(s), s.sample_id
 
 
+@pytest.mark.e2e  # kill -9 and a full engine restart (~3 min here); make test keeps the rollout/abort/readiness tests
 def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
     old = mgr.engines["tiny-0"]
     # Long enough that the kill lands mid-generation even on a quiet machine (8 x 256 tokens).

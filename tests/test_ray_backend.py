@@ -18,7 +18,8 @@ from rollout.manager import RolloutManager, group_record  # noqa: E402
 from rollout.states import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream, RayGroupQueue  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# e2e: a real engine in a Ray actor, killed and restarted (~3.5 min here); test_ray_placement stays in make test
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 READER = r"""
