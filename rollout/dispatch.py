@@ -183,7 +183,7 @@ class Dispatcher:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _release(self, slot: _Slot, served: bool = True) -> None:
+    def _release(self, slot: _Slot, served: bool = True) -> None:
         slot.outstanding -= 1
         slot.served += int(served)
         self._wake_one()
@@ -219,7 +219,7 @@ class Dispatcher:
                 sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
             if self.draining:
-                await self._release(slot, served=False)
+                self._release(slot, served=False)
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
@@ -239,7 +239,7 @@ class Dispatcher:
             finally:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
-                await self._release(slot)
+                self._release(slot)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
                 sample.error = _short(out)
