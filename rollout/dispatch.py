@@ -204,6 +204,9 @@ class Dispatcher:
         """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault."""
         sample.t_submit = sample.t_submit or time.monotonic()
         retries = 0                    # consecutive re-sends of this call: the backoff exponent
+        # Each attempt runs in this task (no extra task per request); remove() cancels this task and
+        # marks the rid lost, which is told apart from any other cancellation of the caller.
+        task = asyncio.current_task()
         while True:
             if self.draining:
                 break
@@ -223,9 +226,6 @@ class Dispatcher:
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
-            # The attempt runs in this task (no extra task per request); remove() cancels this task
-            # and marks the rid lost, which is told apart from any other cancellation of the caller.
-            task = asyncio.current_task()
             slot.inflight[rid] = task
             try:
                 out = await self._post(slot, self.payload(sample, rid))
