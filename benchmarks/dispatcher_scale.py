@@ -11,10 +11,10 @@ Side by side, rounds alternated a/b/b/a, on the same responders:
            engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
   manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
            payload, response parsing into the Sample), one task per sample as the manager runs them.
-Printed at the seed shape and at a shallow depth (32 in flight, batches of 32 back to back; each timed
-round starts after gc.collect()): requests/s (wall), client CPU per
-request (process CPU time / requests: insensitive to other load on a shared machine), per-request
-latency p50/p99 and what the manager adds. Judged (benchmarks/targets.toml): manager / direct
+Printed at the seed shape and at a shallow depth (32 in flight, batches of 32 back to back; each
+timed round starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
+requests: insensitive to other load on a shared machine), per-request latency p50/p99 and what the
+manager adds. Judged (benchmarks/targets.toml): manager / direct
 requests per CPU-second of the client core (the rate each reaches on a dedicated core), the median
 over the back-to-back pairs.
 """
@@ -173,7 +173,8 @@ def main():
         except ImportError:
             loop_name = "asyncio"
         low_conc = max(1, a.low_inflight // a.engines)
-        shapes = [("seed", a.groups, a.concurrency, 1), ("shallow", a.low_inflight // a.group_size, low_conc, a.low_batches)]
+        shapes = [("seed", a.groups, a.concurrency, 1),
+                  ("shallow", a.low_inflight // a.group_size, low_conc, a.low_batches)]
         out = [(key, g, c, b, asyncio.run(_bench(ports, g, a.group_size, c, a.rounds, b))) for key, g, c, b in shapes]
     finally:
         srv.terminate()
