@@ -121,7 +121,8 @@ def _worker(cfg_path, model, max_new_tokens, addrs):
         req = json.loads(line)
         args.rollout_batch_size = args.over_sampling_batch_size = len(req["prompts"])
         t0 = time.monotonic()
-        out = sglang_rollout.generate_rollout(args, req["rollout_id"], Prompts(req["prompts"], args.n_samples_per_prompt))
+        source = Prompts(req["prompts"], args.n_samples_per_prompt)
+        out = sglang_rollout.generate_rollout(args, req["rollout_id"], source)
         dt = time.monotonic() - t0
         groups = out.samples
         say(seconds=dt, groups=len(groups), tokens=sum(s.response_length for g in groups for s in g))
