@@ -2,17 +2,21 @@
 ways of running one batch on it that the benchmarks put side by side."""
 import asyncio
 import os
+import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
+
+
 def one_engine_config(max_new_tokens=None):
     """(cfg, model path): training_configs/tiny-cpu.yaml with 1 engine and generous start-up budgets."""
     from rollout import config as rconfig
 
-    cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
+    cfg = rconfig.load(CONFIG)
     cfg.engine_groups[0].engines = 1
     if max_new_tokens is not None:
         cfg.rollout.sampling.max_new_tokens = max_new_tokens
@@ -107,6 +111,18 @@ async def streamed_batch(mgr, prompts):
     await c
     assert res.delivered == len(prompts) == len(arrivals), (res, len(arrivals))
     return arrivals[0], arrivals[-1], tokens[0]
+
+
+def slime_arm(args, cfg, model, mgr):
+    """slime's own generate_rollout on the manager's engines (None without --slime-src)."""
+    if not args.slime_src:
+        return None
+    from _slime_arm import SlimeArm
+
+    addrs = [e.url.split("://", 1)[1] for e in mgr.engines.values()]
+    arm = SlimeArm(args.slime_src, CONFIG, model, addrs, cfg.rollout.sampling.max_new_tokens)
+    print(f"  {arm.ready['ready']}", file=sys.stderr)
+    return arm
 
 
 def median(xs):

@@ -11,14 +11,16 @@ Side by side, rounds alternated a/b/b/a, on the same responders:
            engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
   manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
            payload, response parsing into the Sample), one task per sample as the manager runs them.
-Printed at the seed shape and at a shallow depth (32 in flight): requests/s (wall), client CPU per
-request (process CPU time / requests: insensitive to other load on a shared machine), per-request
-latency p50/p99 and what the manager adds. Judged (benchmarks/targets.toml): manager / direct
+Printed at the seed shape and at a shallow depth (32 in flight, batches of 32 back to back; each
+timed round starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
+requests: insensitive to other load on a shared machine), per-request latency p50/p99 and what the
+manager adds. Judged (benchmarks/targets.toml): manager / direct
 requests per CPU-second of the client core (the rate each reaches on a dedicated core), the median
 over the back-to-back pairs.
 """
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -120,7 +122,7 @@ async def _manager(session, ports, groups, n, conc):
     return [s.t_done - s.t_submit for s in samples]
 
 
-async def _bench(ports, groups, n, conc, rounds):
+async def _bench(ports, groups, n, conc, rounds, batches=1):
     import aiohttp
     out = {"direct": [], "manager": []}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -129,8 +131,11 @@ async def _bench(ports, groups, n, conc, rounds):
             order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
             for name in order:
                 fn = _direct if name == "direct" else _manager
+                gc.collect()  # each round starts from the same heap: no collection debt left by the other side
                 c0, t0 = time.process_time(), time.perf_counter()
-                lat = await fn(session, ports, groups, n, conc)
+                lat = []
+                for _ in range(batches):  # a shallow shape: enough requests per round to time
+                    lat += await fn(session, ports, groups, n, conc)
                 out[name].append((len(lat), time.perf_counter() - t0, time.process_time() - c0, lat))
     return out
 
@@ -146,8 +151,9 @@ def main():
     ap.add_argument("--concurrency", type=int, default=512, help="per engine (seed: 512)")
     ap.add_argument("--groups", type=int, default=512, help="groups submitted at once (seed: 512 x 8 = 4,096)")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=4, help="per side, alternated a/b/b/a")
+    ap.add_argument("--rounds", type=int, default=6, help="per side, alternated a/b/b/a")
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
+    ap.add_argument("--low-batches", type=int, default=64, help="shallow batches per round, back to back")
     a = ap.parse_args()
     from rollout.engines.engine_launch import free_port
 
@@ -167,17 +173,19 @@ def main():
         except ImportError:
             loop_name = "asyncio"
         low_conc = max(1, a.low_inflight // a.engines)
-        shapes = [("seed", a.groups, a.concurrency), ("shallow", a.low_inflight // a.group_size, low_conc)]
-        out = [(key, g, c, asyncio.run(_bench(ports, g, a.group_size, c, a.rounds))) for key, g, c in shapes]
+        shapes = [("seed", a.groups, a.concurrency, 1),
+                  ("shallow", a.low_inflight // a.group_size, low_conc, a.low_batches)]
+        out = [(key, g, c, b, asyncio.run(_bench(ports, g, a.group_size, c, a.rounds, b))) for key, g, c, b in shapes]
     finally:
         srv.terminate()
         srv.join(5)
     print(f"dispatcher scale: {a.engines} stand-in engines (minimal loopback HTTP responder, benchmark-only), "
           f"client on 1 core ({loop_name}), {a.rounds} rounds per side a/b/b/a")
-    for key, groups, conc, res in out:
+    for key, groups, conc, batches, res in out:
         (d_rate, d_cpu, dl), (m_rate, m_cpu, ml) = _summary(res["direct"]), _summary(res["manager"])
         print(f"  {key}: {groups} groups x {a.group_size} submitted at once, {conc} per engine "
-              f"({min(groups * a.group_size, conc * a.engines)} on the wire)")
+              f"({min(groups * a.group_size, conc * a.engines)} on the wire)"
+              + (f", {batches} such batches back to back per round" if batches > 1 else ""))
         print(f"    {'':8s} {'req/s':>8s} {'CPU ms/req':>11s} {'p50 ms':>9s} {'p99 ms':>9s}")
         for name, rate, cpu, lat in (("direct", d_rate, d_cpu, dl), ("manager", m_rate, m_cpu, ml)):
             print(f"    {name:8s} {rate:8.0f} {cpu * 1e3:11.3f} {_pct(lat, 0.5) * 1e3:9.2f} {_pct(lat, 0.99) * 1e3:9.2f}")

@@ -7,9 +7,9 @@ before every run):
   (b) batch barrier: slime's generate_rollout shape (every sample at once behind one semaphore of
       concurrency x engines, the batch returned whole, see benchmarks/_tiny.barrier_batch): the
       trainer's first data arrives when the last sample is done.
+With --slime-src DIR, (b) is slime's own generate_rollout through slime's router on the same engine
+(benchmarks/_slime_arm.py; timed inside slime's process around the call that hands the trainer data).
 Judged (benchmarks/targets.toml): median over pairs of (a) first group / (b) batch time.
-Not run here: slime's own generate_rollout as arm (b) (it needs slime's client environment and
-router, scripts/check_against_slime.sh); (b) reproduces its request shape and its barrier.
 """
 import argparse
 import asyncio
@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
-from _tiny import barrier_batch, flush_cache, median, one_engine_config, started_manager, streamed_batch  # noqa: E402
+from _tiny import (barrier_batch, flush_cache, median, one_engine_config, slime_arm,  # noqa: E402
+                   started_manager, streamed_batch)
 
 
 async def run(args):
@@ -28,28 +29,38 @@ async def run(args):
 
     cfg, model = one_engine_config(args.max_new_tokens)
     mgr = await started_manager(cfg, model, "bench-first-group-")
-    firsts, barriers, pairs = [], [], []
+    firsts, barriers, pairs, slime = [], [], [], None
     try:
+        slime = slime_arm(args, cfg, model, mgr)
         await barrier_batch(mgr, prompts_for(300, 2, seed=99))  # warm-up, not timed
+        if slime:
+            await asyncio.to_thread(slime.rollout, prompts_for(300, 2, seed=98), 0)
         for r in range(args.pairs):
             prompts = prompts_for(300, args.groups, seed=r)
             got = {}
             for arm in (("stream", "barrier") if r % 2 == 0 else ("barrier", "stream")):
                 await flush_cache(mgr)
-                got[arm] = (await streamed_batch(mgr, prompts))[0] if arm == "stream" else \
-                    (await barrier_batch(mgr, prompts))[0]
+                if arm == "stream":
+                    got[arm] = (await streamed_batch(mgr, prompts))[0]
+                elif slime:
+                    got[arm] = (await asyncio.to_thread(slime.rollout, prompts, r + 1))[0]
+                else:
+                    got[arm] = (await barrier_batch(mgr, prompts))[0]
             firsts.append(got["stream"])
             barriers.append(got["barrier"])
             pairs.append(got["stream"] / got["barrier"])
             print(f"  pair {r + 1}: streaming first group {got['stream']:.2f} s, barrier {got['barrier']:.2f} s",
                   file=sys.stderr)
     finally:
+        if slime:
+            slime.close()
         await mgr.stop()
     print(f"first group: 1 real SGLang CPU engine, {args.groups} groups x {cfg.rollout.n_samples_per_prompt} samples, "
           f"{args.max_new_tokens} new tokens, concurrency {cfg.rollout.concurrency_per_engine}, "
           f"{args.pairs} pairs a/b/b/a (same prompts per pair, cache flushed)")
     print(f"  (a) streaming, this manager: first group after {median(firsts):.2f} s (median)")
-    print(f"  (b) batch barrier (slime's generate_rollout shape): first data after {median(barriers):.2f} s (median)")
+    what = "slime's own generate_rollout" if slime else "slime's generate_rollout shape"
+    print(f"  (b) batch barrier ({what}): first data after {median(barriers):.2f} s (median)")
     judge("first_group", "first_data", median(pairs))
     return finish()
 
@@ -59,6 +70,7 @@ def main():
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--slime-src", help="a slime checkout: slime's own generate_rollout is the barrier arm")
     a = ap.parse_args()
     if min(a.groups, a.max_new_tokens, a.pairs) < 1:
         ap.error("--groups, --max-new-tokens and --pairs must be >= 1")

@@ -32,29 +32,6 @@ def start(opts, sleep_on_idle: bool, log: str):
                          opts=opts, log_path=log)
 
 
-def idle_cpu(eng, window: float) -> dict:
-    """{pid: (title, % of one core)} over `window` seconds for every process of the engine's tree."""
-    import psutil
-
-    procs = {}
-    for pid in eng.tree_pids():
-        try:
-            p = psutil.Process(pid)
-            t = p.cpu_times()
-            procs[pid] = (p, " ".join(p.cmdline())[:60] or p.name(), t.user + t.system)
-        except psutil.NoSuchProcess:
-            pass
-    time.sleep(window)
-    out = {}
-    for pid, (p, title, c0) in procs.items():
-        try:
-            t = p.cpu_times()
-            out[pid] = (title, 100.0 * (t.user + t.system - c0) / window)
-        except psutil.NoSuchProcess:
-            out[pid] = (title + " (exited)", 0.0)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="c", help="engine preset a|b|c (c: DP attention)")
@@ -64,6 +41,7 @@ def main():
     import requests
 
     from rollout.engines.engine_launch import preset
+    from rollout.engines.process import cpu_percent
     from rollout.tiny_model import build_tiny_glm
 
     model = build_tiny_glm(variant="random")
@@ -77,7 +55,7 @@ def main():
                               json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}})
             assert r.status_code == 200, r.text[:300]
             time.sleep(a.settle)
-            rows = idle_cpu(eng, a.window)
+            rows = cpu_percent(eng.tree_pids(), a.window)
         finally:
             left = eng.stop()
         if left:

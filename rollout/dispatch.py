@@ -183,7 +183,7 @@ class Dispatcher:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _release(self, slot: _Slot, served: bool = True) -> None:
+    def _release(self, slot: _Slot, served: bool = True) -> None:
         slot.outstanding -= 1
         slot.served += int(served)
         self._wake_one()
@@ -204,6 +204,9 @@ class Dispatcher:
         """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault."""
         sample.t_submit = sample.t_submit or time.monotonic()
         retries = 0                    # consecutive re-sends of this call: the backoff exponent
+        # Each attempt runs in this task (no extra task per request); remove() cancels this task and
+        # marks the rid lost, which is told apart from any other cancellation of the caller.
+        task = asyncio.current_task()
         while True:
             if self.draining:
                 break
@@ -219,13 +222,10 @@ class Dispatcher:
                 sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
             if self.draining:
-                await self._release(slot, served=False)
+                self._release(slot, served=False)
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
-            # The attempt runs in this task (no extra task per request); remove() cancels this task
-            # and marks the rid lost, which is told apart from any other cancellation of the caller.
-            task = asyncio.current_task()
             slot.inflight[rid] = task
             try:
                 out = await self._post(slot, self.payload(sample, rid))
@@ -239,7 +239,7 @@ class Dispatcher:
             finally:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
-                await self._release(slot)
+                self._release(slot)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
                 sample.error = _short(out)

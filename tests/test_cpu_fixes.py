@@ -166,6 +166,40 @@ def _():
     cpus = {c for node in get_cpu_ids_by_node() for c in node.split(",")}
     assert got and set(got.split(",")) <= cpus, got
 
+@check("cpu-dp-controller-idle")
+def _():
+    import threading, time, zmq
+    from sglang.srt.managers.data_parallel_controller import DataParallelController
+    from sglang.srt.managers.io_struct import sock_send
+    class Stop(Exception):
+        pass
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{pull.bind_to_random_port('tcp://127.0.0.1')}")
+    t0, turns, sent, got = time.monotonic(), [0], [], []
+    def feed():  # the soft watchdog is fed once per loop turn
+        turns[0] += 1
+        if time.monotonic() - t0 > 2.5:
+            raise Stop
+    def send():
+        time.sleep(0.7)
+        sent.append(time.monotonic())
+        sock_send(push, [1, 2, 3])
+    ctl = NS(server_args=NS(sleep_on_idle=True), recv_from_tokenizer=pull, soft_watchdog=NS(feed=feed),
+             _request_dispatcher=lambda req: got.append((time.monotonic(), req)))
+    threading.Thread(target=send, daemon=True).start()
+    try:
+        DataParallelController.event_loop(ctl)  # SGLang's own loop, an idle socket but for one message
+    except Stop:
+        pass
+    finally:
+        push.close(0); pull.close(0); ctx.term()
+    assert [r for _, r in got] == [[1, 2, 3]], f"dispatched {got}"
+    delay_ms = 1000 * (got[0][0] - sent[0])
+    assert delay_ms < 100, f"the message waited {delay_ms:.0f} ms"
+    assert turns[0] <= 10, f"busy-poll: {turns[0]} loop turns in 2.5 s with sleep_on_idle and one message"
+
 print("PROBE-RESULTS " + json.dumps(results))
 '''
 
@@ -212,6 +246,7 @@ def test_stock_failures_are_the_documented_ones(probes):
     assert "index -1" in s["cpu-ep-native-moe"]
     assert s["cpu-thread-binding"].startswith("AssertionError")
     assert "invalid tensor size" in s["cpu-gloo-stacked-allgather"]
+    assert s["cpu-dp-controller-idle"].startswith("AssertionError: busy-poll:")
 
 
 def test_disable_one_fix_by_name(probes):
@@ -252,3 +287,43 @@ def test_split_cpus():
     assert split_cpus(2, [0, 1]) == "0|1"
     assert split_cpus(4, [0, 1]) == "0|1|0|1"
     assert split_cpus(2, [0, 1, 2, 3]) == "0,1|2,3"
+
+
+GUARD_PROBE = r'''
+import json
+from sglang_patches.cpu.fixes import dp_controller_idle as d
+from sglang_patches.fingerprint import fingerprint, source_of
+from sglang_patches.registry import detect, judge
+print("GUARD " + json.dumps({"variant": detect().variant.name, "event_loop": fingerprint(d.TARGET),
+                             "loads_plugins": "load_plugins()" in source_of(d.CONTROLLER_PROCESS),
+                             "state": judge(d.FIX, detect()).state}))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_dp_controller_idle_unreachable_on_older_variants():
+    """0.5.15.post1 / 0.5.16: the same busy-poll, but their DP controller process never loads plugins."""
+    from scenario_runner import env_python
+
+    from sglang_patches.cpu.fixes import dp_controller_idle as d
+
+    pythons = {"0.5.23": sys.executable, **{v: env_python(v) for v in ("0.5.15.post1", "0.5.16")}}
+    seen = {}
+    for variant, py in pythons.items():
+        if not os.path.exists(py):
+            continue
+        env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=ROOT)
+        env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
+        r = subprocess.run([str(py), "-c", GUARD_PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=240)
+        line = [x for x in r.stdout.splitlines() if x.startswith("GUARD ")]
+        assert line, f"{variant}: guard probe failed:\n{r.stderr[-2000:]}"
+        seen[variant] = json.loads(line[0].split(" ", 1)[1])
+    assert seen["0.5.23"] == {"variant": "0.5.23", "event_loop": d.EVENT_LOOP_PIN, "loads_plugins": True,
+                              "state": "active"}
+    for variant, got in seen.items():
+        if variant != "0.5.23":
+            assert got == {"variant": variant, "event_loop": d.EVENT_LOOP_PIN, "loads_plugins": False,
+                           "state": "not-needed"}, variant
+    if len(seen) < 3:
+        pytest.skip(f"checked on {sorted(seen)} only: build the others with scripts/setup_sglang_env.sh")

@@ -7,6 +7,7 @@ reach rank 0 only; the test proves from the per-rank answers that both ranks ser
 import asyncio
 import json
 import os
+import time
 
 import aiohttp
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from rollout import config as rconfig
 from rollout.engines.engine_launch import free_port
 from rollout.engines.lifecycle import LocalBackend
+from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
@@ -31,9 +33,11 @@ def _spec():
     return cfg, spec
 
 
-def test_every_dp_attention_rank_answers_its_own_probe(tmp_path):
+@pytest.fixture(scope="module")
+def ready_engine(tmp_path_factory):
+    """One engine for both tests: started, admitted by readiness, stopped (no process left) at the end."""
     cfg, spec = _spec()
-    eng = LocalBackend(str(tmp_path)).start(spec)
+    eng = LocalBackend(str(tmp_path_factory.mktemp("dp-engine"))).start(spec)
 
     async def go():
         async with aiohttp.ClientSession() as s:
@@ -43,10 +47,14 @@ def test_every_dp_attention_rank_answers_its_own_probe(tmp_path):
                 return info, await r.json()
 
     try:
-        info, server_info = asyncio.run(go())
+        yield eng, asyncio.run(go())
     finally:
         eng.stop()
     assert eng.leftover_pids() == []
+
+
+def test_every_dp_attention_rank_answers_its_own_probe(ready_engine):
+    eng, (info, server_info) = ready_engine
     with open(os.path.join(ROOT, "tests", "facts", "sglang-0.5.23-dp-attn.json")) as fh:
         recorded = json.load(fh)["server_info"]
     # the engine still answers as recorded (the stand-ins in test_readiness.py answer the recording)
@@ -55,3 +63,17 @@ def test_every_dp_attention_rank_answers_its_own_probe(tmp_path):
         {"dp_size": 1, "attn_dp_size": 2, "enable_dp_attention": True}
     assert info.dp_size == 2
     assert info.rank_answers == {0: 0, 1: 1}  # each probe was served by the rank it was pinned to
+
+
+def test_idle_dp_controller_sleeps(ready_engine):
+    """With --sleep-on-idle (the CPU profile) no process of the idle engine spins, the DP controller
+    included: SGLang's own DataParallelController.event_loop busy-polls unless cpu-dp-controller-idle."""
+    eng, _ = ready_engine
+    assert "--sleep-on-idle" in eng.procs[0].argv
+    time.sleep(2)  # settle after the readiness probes
+    rows = cpu_percent([pid for p in eng.procs for pid in p.tree_pids()], 5.0)
+    table = "; ".join(f"{title.split()[0]} {pct:.0f}%" for title, pct in sorted(rows.values()))
+    ctl = [pct for title, pct in rows.values() if "data_parallel_controller" in title]
+    assert len(ctl) == 1, f"no single DP controller among the engine's processes: {table}"
+    assert ctl[0] < 10, f"idle DP controller busy-polls at {ctl[0]:.0f}% of a core (all processes: {table})"
+    assert all(pct < 20 for _, pct in rows.values()), f"an idle process burns CPU: {table}"

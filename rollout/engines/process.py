@@ -206,6 +206,29 @@ class ServerProcess:
         return group_pids(self.pid)
 
 
+def cpu_percent(pids, window: float) -> dict:
+    """{pid: (title, % of one core)} of each process over `window` seconds (0 for one that exited)."""
+    import psutil
+
+    procs = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            procs[pid] = (p, " ".join(p.cmdline())[:60] or p.name(), t.user + t.system)
+        except psutil.NoSuchProcess:
+            pass
+    time.sleep(window)
+    out = {}
+    for pid, (p, title, c0) in procs.items():
+        try:
+            t = p.cpu_times()
+            out[pid] = (title, 100.0 * (t.user + t.system - c0) / window)
+        except psutil.NoSuchProcess:
+            out[pid] = (title + " (exited)", 0.0)
+    return out
+
+
 def stale_engines(port: int) -> list[tuple[int, str]]:
     """(pid, reason) of processes listening on `port` that an earlier manager (now dead) started."""
     import psutil

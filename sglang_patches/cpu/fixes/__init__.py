@@ -15,6 +15,7 @@ CPU_FIX_MODULES = (
     "gloo_varsize_collectives",
     "gloo_stacked_allgather",
     "thread_binding",
+    "dp_controller_idle",
 )
 
 

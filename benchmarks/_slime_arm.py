@@ -1,0 +1,133 @@
+"""slime's OWN generate_rollout as a benchmark arm (`--slime-src DIR`), on the benchmark's engines.
+
+slime's client needs an SGLang it supports (0.5.15.post1) and its client deps, so it runs in a worker
+process under SLIME_PYTHON (default /tmp/venv-slime/bin/python, as scripts/check_against_slime.sh),
+started once per benchmark: slime's router (`_start_router`), one `SGLangEngine.init` per engine
+(external mode: server-args check, router registration), then one `generate_rollout(args, k,
+data_source)` per request on stdin, timed around that call. The data source is a STAND-IN that hands
+slime Samples whose `tokens` are the benchmark's prompt ids (slime reuses them as the prompt); the only
+addition to slime's request is `ignore_eos`, so every arm generates the same number of tokens.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLIME_PYTHON = os.environ.get("SLIME_PYTHON", "/tmp/venv-slime/bin/python")
+
+
+class SlimeArm:
+    def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int):
+        if not os.path.isdir(os.path.join(slime_src, "slime")):
+            raise SystemExit(f"error: --slime-src {slime_src} has no slime/ package")
+        if not os.path.exists(SLIME_PYTHON):
+            raise SystemExit(f"error: SLIME_PYTHON {SLIME_PYTHON} missing (see scripts/check_against_slime.sh)")
+        stubs = tempfile.mkdtemp(prefix="slime-arm-stubs-")
+        os.makedirs(os.path.join(stubs, "wandb"))
+        with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
+            f.write('"""STUB (benchmarks/_slime_arm.py): wandb is not installed; slime only imports it."""\n')
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), slime_src, stubs]))
+        self.log = tempfile.NamedTemporaryFile(prefix="slime-arm-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [SLIME_PYTHON, os.path.abspath(__file__), cfg_path, model, str(max_new_tokens), *addrs],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT)
+        self.ready = self._reply()  # "slime client: SGLang X, router host:port"
+
+    def _reply(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait(10)
+                with open(self.log.name) as f:
+                    tail = f.read()[-3000:]
+                raise RuntimeError(f"slime arm worker exited (rc {self.proc.returncode}):\n{tail}")
+            if line.startswith("SLIME-ARM "):
+                out = json.loads(line.split(" ", 1)[1])
+                if "error" in out:
+                    raise RuntimeError(f"slime arm: {out['error']}")
+                return out
+
+    def rollout(self, prompts: list, rollout_id: int) -> tuple:
+        """(seconds inside slime's generate_rollout, tokens generated, groups returned)."""
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id}) + "\n")
+        self.proc.stdin.flush()
+        out = self._reply()
+        return out["seconds"], out["tokens"], out["groups"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _worker(cfg_path, model, max_new_tokens, addrs):
+    """Runs under SLIME_PYTHON: slime's router, engine registration and generate_rollout."""
+    import time
+
+    import sglang
+    from check_against_slime import slime_args
+    from slime.backends.sglang_utils import external, sglang_engine
+    from slime.ray.rollout import _start_router
+    from slime.rollout import sglang_rollout
+    from slime.utils import http_utils
+    from slime.utils.types import Sample
+
+    from training_configs.schema import load_config
+
+    def say(**kw):
+        print("SLIME-ARM " + json.dumps(kw), flush=True)
+
+    class Prompts:
+        """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, n samples each."""
+
+        def __init__(self, prompts, n):
+            self.prompts, self.n = prompts, n
+
+        def get_samples(self, k):
+            out, self.prompts = self.prompts[:k], self.prompts[k:]
+            return [[Sample(group_index=g, index=g * self.n + j, prompt="", tokens=list(p)) for j in range(self.n)]
+                    for g, p in enumerate(out)]
+
+        def add_samples(self, groups):
+            pass
+
+    try:
+        args = slime_args(load_config(cfg_path), model, addrs)
+        args.rollout_max_response_len = max_new_tokens
+        http_utils.init_http_client(args)
+        infos = external.discover_external_engines(addrs)
+        args.rollout_num_gpus = sum(i.num_gpus for i in infos)
+        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
+        sglang_engine.accelerator.resolve_visible_device_id = int  # FAKE of slime's GPU-id mapping (needs CUDA)
+        for rank, info in enumerate(infos):
+            sglang_engine.SGLangEngine(args, rank, worker_type=info.worker_type, base_gpu_id=0,
+                                       num_gpus_per_engine=info.num_gpus).init(
+                **external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
+                router_port=args.sglang_router_port)
+        state = sglang_rollout.GenerateState(args)
+        state.sampling_params["ignore_eos"] = True
+        say(ready=f"slime client: SGLang {sglang.__version__}, router "
+                  f"{args.sglang_router_ip}:{args.sglang_router_port}, {len(infos)} engine(s)")
+    except Exception as e:
+        say(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        return 1
+    for line in sys.stdin:
+        req = json.loads(line)
+        args.rollout_batch_size = args.over_sampling_batch_size = len(req["prompts"])
+        t0 = time.monotonic()
+        source = Prompts(req["prompts"], args.n_samples_per_prompt)
+        out = sglang_rollout.generate_rollout(args, req["rollout_id"], source)
+        dt = time.monotonic() - t0
+        groups = out.samples
+        say(seconds=dt, groups=len(groups), tokens=sum(s.response_length for g in groups for s in g))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]))
