@@ -213,7 +213,7 @@ class RolloutManager:
         """The engine's weight version, or None when it does not say (the dispatcher's retraction check)."""
         try:
             return await self.engine_weight_version(engine)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
             return None
 
     # ------------------------------------------------------------------ recovery
