@@ -16,6 +16,8 @@ engine is paused with `pause_generation(mode="retract")` only once every request
 """
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -76,6 +78,17 @@ def _post(eng, path, body):
     assert r.status_code == 200, (path, r.text[:300])
 
 
+def _miles_update(eng, model_path, version):
+    """Miles's steps after `pause_generation(mode="retract")`: flush, update, name the version, continue.
+    Returns /flush_cache's status (0.5.15.post1 and 0.5.16 refuse it while retracted requests wait: Miles
+    retries 60 s and raises; the update then must not flush either, or their scheduler asserts)."""
+    flushed = requests.get(eng.url + "/flush_cache", headers=eng.headers(), timeout=60).status_code
+    _post(eng, "/update_weights_from_disk", {"model_path": model_path, "flush_cache": flushed == 200})
+    _post(eng, "/update_weight_version", {"new_version": version, "abort_all_requests": False})
+    _post(eng, "/continue_generation", {})
+    return flushed
+
+
 def _finish(threads, last):
     for t in threads:
         t.join(timeout=300)
@@ -112,11 +125,7 @@ def test_retraction_across_weight_update_refused(engine_pool, tiny_model):
     threads, seen, last = _stream(eng)
     at_pause = _pause_after(eng, seen)
     try:
-        r = requests.get(eng.url + "/flush_cache", headers=eng.headers(), timeout=60)
-        assert r.status_code == 200, r.text[:300]  # paused in retract mode: the cache flushes
-        _post(eng, "/update_weights_from_disk", {"model_path": other})
-        _post(eng, "/update_weight_version", {"new_version": "seed1", "abort_all_requests": False})
-        _post(eng, "/continue_generation", {})
+        assert _miles_update(eng, other, "seed1") == 200  # paused in retract mode: 0.5.23 flushes
         out = _finish(threads, last)
         for i, (ids, body) in enumerate(zip(PROMPTS, out)):
             meta = body["meta_info"]
@@ -134,3 +143,54 @@ def test_retraction_across_weight_update_refused(engine_pool, tiny_model):
     finally:
         _post(eng, "/continue_generation", {})
         _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ["0.5.15.post1"])
+def test_retraction_across_weight_update_refused_without_spans(variant, tiny_model):
+    """The same sequence on SGLang 0.5.15.post1 (slime's version; this file's `__main__` runs the engine
+    in that environment): `meta_info` has `num_retractions` and only the version at finish, no spans; the
+    re-prefilled prompt rows are the new router's; the dispatcher's check refuses by the version when sent.
+    (Rows of that engine's decode steps and row 0 are open, issue 9 item 6: only prompt rows 1.. are checked.)"""
+    from conftest import ENGINE_BUDGET_S
+    from test_version_matrix import python_of
+
+    other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    p = subprocess.run([str(python_of(variant)), __file__, tiny_model, other, str(ENGINE_BUDGET_S)], env=env,
+                       capture_output=True, text=True, timeout=ENGINE_BUDGET_S + 300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["version"] == variant
+    assert got["flush_status"] == 400, got["flush_status"]  # Miles's flush_cache would raise after 60 s
+    for ids, body in zip(PROMPTS, got["out"]):
+        meta = body["meta_info"]
+        print("retractions", meta["num_retractions"], "version", meta["weight_version"],
+              "seed-1 rows", sum(_rows_matching(ids, body, 1)), "of", len(ids) + NEW - 1)
+        assert meta["num_retractions"] >= 1 and meta["weight_version"] == "seed1" and "weight_versions" not in meta
+        new, old = _rows_matching(ids, body, 1)[1:len(ids)], _rows_matching(ids, body, 0)[1:len(ids)]
+        print("prompt rows 1..: seed-1", sum(new), "seed-0", sum(old), "of", len(new))
+        assert retraction_reason(meta) is not None          # version when sent unknown: refused
+        assert "'default' when sent, 'seed1' at the end" in retraction_reason(meta, "default")
+
+
+if __name__ == "__main__":   # the child of the test above, in the variant's environment
+    import tempfile
+
+    import sglang
+
+    from rollout.engines.engine_launch import launch
+
+    eng = launch(EngineOptions(model_path=sys.argv[1], routed_experts=True),
+                 os.path.join(tempfile.mkdtemp(prefix="engine-retract-"), "engine.log"))
+    try:
+        eng.wait_ready(float(sys.argv[3]))
+        threads, seen, last = _stream(eng)
+        at_pause = _pause_after(eng, seen)
+        flushed = _miles_update(eng, sys.argv[2], "seed1")
+        print(json.dumps({"version": sglang.__version__, "at_pause": at_pause, "flush_status": flushed,
+                          "out": _finish(threads, last)}))
+    finally:
+        assert not eng.stop(), "engine processes left"
