@@ -43,6 +43,7 @@ class Sample:
     resumes: int = 0               # partial-rollout continuations
     max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens
     weight_versions: list = field(default_factory=list)
+    sent_version: Optional[str] = None   # the engine's weight version last reported when the attempt was sent
     t_submit: float = 0.0
     t_done: float = 0.0
 
@@ -78,6 +79,7 @@ class _Slot:
         self.suspect_until = 0.0                      # after a connection error: avoid for a moment
         self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
         self.lost: set = set()                        # rids cancelled by remove()
+        self.version: Optional[str] = None            # weight version the engine reported last
         self.headers = auth_headers(engine.api_key)
 
 
@@ -106,9 +108,10 @@ class Dispatcher:
         self.closed_reason: Optional[str] = None
 
     # ------------------------------------------------------------------ engines
-    async def admit(self, engine) -> None:
+    async def admit(self, engine, weight_version: Optional[str] = None) -> None:
         async with self._cond:
-            self.slots[engine.name] = _Slot(engine, self.capacity)
+            slot = self.slots[engine.name] = _Slot(engine, self.capacity)
+            slot.version = None if weight_version is None else str(weight_version)
         self._wake_all()
 
     async def remove(self, engine) -> int:
@@ -227,6 +230,7 @@ class Dispatcher:
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
             slot.inflight[rid] = task
+            sample.sent_version = slot.version
             try:
                 out = await self._post(slot, self.payload(sample, rid))
             except asyncio.CancelledError:
@@ -261,6 +265,8 @@ class Dispatcher:
                 sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 break
             self._apply(sample, body)
+            version = body.get("meta_info", {}).get("weight_version")
+            slot.version = slot.version if version is None else str(version)
             break
         sample.t_done = time.monotonic()
         return sample
@@ -296,7 +302,7 @@ class Dispatcher:
         if payload is None:
             sample.status, sample.error = SampleStatus.FAILED, "routed experts requested but missing from meta_info"
             return
-        reason = retraction_reason(meta)  # miles#3277: routes recomputed under newer weights
+        reason = retraction_reason(meta, sample.sent_version)  # miles#3277: routes recomputed under newer weights
         arr, reason = (None, reason) if reason else self.decode_routed(payload, len(sample.tokens), start_len)
         if reason:
             sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"

@@ -154,7 +154,7 @@ class RolloutManager:
                                          routed_experts=self.decode_routed is not None,
                                          decode_routed=self.decode_routed)
         for endpoint in endpoints:
-            await self.dispatcher.admit(endpoint)
+            await self.dispatcher.admit(endpoint, await self._reported_version(endpoint))
         return self
 
     async def _bring_up(self, spec, restart: bool = False):
@@ -169,7 +169,7 @@ class RolloutManager:
         except BaseException:
             await asyncio.to_thread(engine.stop)
             raise
-        await self.dispatcher.admit(engine)
+        await self.dispatcher.admit(engine, info.weight_version)
         self.monitor.watch(engine)
         self.log(spec.name, EngineEvent.ADMITTED)
         return engine
@@ -208,6 +208,13 @@ class RolloutManager:
         async with self.session.get(engine.url + "/model_info", headers=auth_headers(engine.api_key),
                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
             return (await r.json()).get("weight_version")
+
+    async def _reported_version(self, engine) -> Optional[str]:
+        """The engine's weight version, or None when it does not say (the dispatcher's retraction check)."""
+        try:
+            return await self.engine_weight_version(engine)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
+            return None
 
     # ------------------------------------------------------------------ recovery
     async def _on_error(self, engine) -> None:

@@ -1,18 +1,23 @@
-"""Retraction and routed experts (miles#3277) on the REAL CPU engine. Slow: starts two engines.
+"""Retraction and routed experts (miles#3277) on the REAL CPU engine (SGLang 0.5.23). Slow: one engine.
 
 The tiny GLM-4.5 routes by construction (`tiny_model.expected_experts(token, layer, seed)`), so every
-route row can be checked against the model that produced it.
+route row can be checked against the model that produced it. The requests are streamed and the
+engine is paused with `pause_generation(mode="retract")` only once every request has produced
+`BEFORE` tokens, so each is retracted for sure (no timing luck, no tiny KV pool):
 
-- Retraction alone (KV pool of 192 tokens, 16 concurrent requests): SGLang retracts, re-prefills
-  and overwrites the host rows, and the rows still equal the model's router on every row: a guard.
-- Retraction across a weight update (`pause_generation(mode="retract")`, `update_weights_from_disk`
-  to the seed-1 model, `continue_generation`, what slime/Miles do between steps): the rows of the
-  tokens generated BEFORE the update are recomputed by the re-prefill with the NEW weights, while
-  those tokens and their logprobs came from the OLD ones (the defect, on stock SGLang); SGLang's own
-  `meta_info` (`num_retractions`, `weight_versions`) shows it and `retraction_reason` refuses the
-  sample (the dispatcher marks it failed).
+- Retraction alone (pause retract, continue): SGLang re-prefills and overwrites the host rows, and the
+  rows still equal the model's router on every row: a guard.
+- Retraction across a weight update, Miles's sequence between steps (`pause_generation(mode="retract")`,
+  `flush_cache`, the weight update, `update_weight_version`, `continue_generation`; slime pauses in the
+  default "abort" mode, which retracts nothing): the rows of the tokens generated BEFORE the update are
+  recomputed by the re-prefill with the NEW weights, while those tokens and their logprobs came from
+  the OLD ones (the defect, on stock SGLang). SGLang's own `meta_info` shows it (`num_retractions`,
+  `weight_versions` spans) and `retraction_reason` refuses the sample (the dispatcher marks it failed).
 """
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -24,25 +29,71 @@ from rollout.engines.engine_launch import EngineOptions
 from rollout.routed_experts.retraction import retraction_reason
 from rollout.tiny_model import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+BEFORE = 6     # output tokens every request has from the first weights when the pause is sent
+NEW = 96       # max_new_tokens: far more than can be decoded while the pause is on its way
+PROMPTS = [[10 + (i * 37 + j * 11) % 180 for j in range(12)] for i in range(2)]
 
 
-def _run(eng, prompts, new_tokens):
-    out = {}
+def _engine(engine_pool, tiny_model):
+    return engine_pool.get("retract", EngineOptions(model_path=tiny_model, routed_experts=True))
 
-    def one(i, ids):
-        body = {"input_ids": ids, "return_routed_experts": True, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
-        r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=600)
-        out[i] = r.json() if r.status_code == 200 else {"error": r.text[:300]}
-    threads = [threading.Thread(target=one, args=(i, ids)) for i, ids in enumerate(prompts)]
+
+def _stream(eng):
+    """Start one streamed request per prompt; returns (threads, seen, last): tokens so far, last chunk."""
+    seen, last = [0] * len(PROMPTS), [None] * len(PROMPTS)
+
+    def one(i):
+        body = {"input_ids": PROMPTS[i], "stream": True, "return_routed_experts": True, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+        with requests.post(eng.url + "/generate", headers=eng.headers(), json=body, stream=True, timeout=300) as r:
+            if r.status_code != 200:
+                last[i] = {"error": r.text[:300]}
+                return
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    last[i] = json.loads(line[6:])  # cumulative (SGLang's default stream output)
+                    seen[i] = len(last[i].get("output_ids") or [])
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(PROMPTS))]
     for t in threads:
         t.start()
-    return threads, out
+    return threads, seen, last
 
 
-def _prompts(n, length=12):
-    return [[10 + (i * 37 + j * 11) % 180 for j in range(length)] for i in range(n)]
+def _pause_after(eng, seen, budget_s=120):
+    """Pause in retract mode once every request has BEFORE tokens; returns the counts at that moment."""
+    t0 = time.monotonic()
+    while min(seen) < BEFORE:
+        assert time.monotonic() - t0 < budget_s, f"requests did not reach {BEFORE} tokens in {budget_s} s: {seen}"
+        time.sleep(0.02)
+    _post(eng, "/pause_generation", {"mode": "retract"})
+    at_pause = list(seen)
+    assert max(at_pause) < NEW, f"a request finished before the pause: {at_pause}"
+    return at_pause
+
+
+def _post(eng, path, body):
+    r = requests.post(eng.url + path, headers=eng.headers(), json=body, timeout=300)
+    assert r.status_code == 200, (path, r.text[:300])
+
+
+def _miles_update(eng, model_path, version):
+    """Miles's steps after `pause_generation(mode="retract")`: flush, update, name the version, continue.
+    Returns /flush_cache's status (0.5.15.post1 and 0.5.16 refuse it while retracted requests wait: Miles
+    retries 60 s and raises; the update then must not flush either, or their scheduler asserts)."""
+    flushed = requests.get(eng.url + "/flush_cache", headers=eng.headers(), timeout=60).status_code
+    _post(eng, "/update_weights_from_disk", {"model_path": model_path, "flush_cache": flushed == 200})
+    _post(eng, "/update_weight_version", {"new_version": version, "abort_all_requests": False})
+    _post(eng, "/continue_generation", {})
+    return flushed
+
+
+def _finish(threads, last):
+    for t in threads:
+        t.join(timeout=300)
+    assert all(b and "error" not in b and b["meta_info"]["finish_reason"]["type"] == "length" for b in last), last
+    return last
 
 
 def _rows_matching(ids, body, seed):
@@ -55,56 +106,93 @@ def _rows_matching(ids, body, seed):
 
 
 def test_retraction_alone_keeps_routes_guard(engine_pool, tiny_model):
-    eng = engine_pool.get("retract-pool", EngineOptions(model_path=tiny_model, routed_experts=True,
-                                                        max_total_tokens=192))
-    prompts = _prompts(16)
-    threads, out = _run(eng, prompts, 40)
-    for t in threads:
-        t.join()
-    retracted = [i for i, b in out.items() if b.get("meta_info", {}).get("num_retractions")]
-    print("retracted requests:", retracted)
-    assert all("error" not in b for b in out.values()), out
-    if not retracted:
-        pytest.skip("SGLang retracted nothing this time (timing)")
-    rows = sum(len(_rows_matching(prompts[i], out[i], 0)) for i in out)
-    assert all(all(_rows_matching(prompts[i], out[i], 0)) for i in out), "routes differ from the router"
-    assert all(retraction_reason(b["meta_info"]) is None for b in out.values())
-    print(f"{len(retracted)} retracted; all {rows} rows equal the router")
+    eng = _engine(engine_pool, tiny_model)
+    threads, seen, last = _stream(eng)
+    at_pause = _pause_after(eng, seen)
+    _post(eng, "/continue_generation", {})
+    out = _finish(threads, last)
+    for ids, body in zip(PROMPTS, out):
+        meta = body["meta_info"]
+        assert meta["num_retractions"] >= 1, meta["num_retractions"]
+        assert all(_rows_matching(ids, body, 0)), "routes of a retracted request differ from the router"
+        assert retraction_reason(meta) is None
+    print(f"retracted at {at_pause} tokens; all {sum(len(p) + NEW - 1 for p in PROMPTS)} rows equal the router")
 
 
 def test_retraction_across_weight_update_refused(engine_pool, tiny_model):
     other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
-    eng = engine_pool.get("retract-update", EngineOptions(model_path=tiny_model, routed_experts=True))
-    prompts, h = _prompts(4), eng.headers()
-    threads, out = _run(eng, prompts, 200)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 120:  # all four decoding (a CPU step took ~0.4 s in the first run)
-        loads = requests.get(eng.url + "/v1/loads?include=core", headers=h, timeout=30).json()["loads"][0]
-        if loads["num_running_reqs"] == 4:
-            break
-        time.sleep(0.2)
-    time.sleep(5)  # some tokens from the old weights
-    steps = [("/pause_generation", {"mode": "retract"}),
-             ("/update_weights_from_disk", {"model_path": other, "weight_version": "seed1"}),
-             ("/continue_generation", {})]
-    for path, body in steps:
-        r = requests.post(eng.url + path, headers=h, json=body, timeout=300)
-        assert r.status_code == 200, (path, r.text[:300])
-    for t in threads:
-        t.join()
+    eng = _engine(engine_pool, tiny_model)
+    threads, seen, last = _stream(eng)
+    at_pause = _pause_after(eng, seen)
     try:
-        for i, body in out.items():
+        assert _miles_update(eng, other, "seed1") == 200  # paused in retract mode: 0.5.23 flushes
+        out = _finish(threads, last)
+        for i, (ids, body) in enumerate(zip(PROMPTS, out)):
             meta = body["meta_info"]
             spans = meta["weight_versions"]
-            print(i, "retractions", meta["num_retractions"], "versions", spans)
-            if not meta["num_retractions"] or len(spans) != 2:
-                pytest.skip(f"the pause did not land mid-generation (timing): {spans}")
+            print(i, "paused at", at_pause[i], "retractions", meta["num_retractions"], "versions", spans)
             k = spans[1]["start"]  # output tokens [0, k) came from the old weights
-            boundary = len(prompts[i]) + k - 1  # rows [0, boundary) fed the old-weight forwards
-            old, new = _rows_matching(prompts[i], body, 0), _rows_matching(prompts[i], body, 1)
-            assert k > 0 and all(new[:boundary]) and not all(old[:boundary]), \
+            assert meta["num_retractions"] >= 1 and [s["version"] for s in spans] == ["default", "seed1"]
+            assert at_pause[i] <= k < NEW
+            boundary = len(ids) + k - 1  # rows [0, boundary) fed the old-weight forwards
+            old, new = _rows_matching(ids, body, 0), _rows_matching(ids, body, 1)
+            assert all(new) and not all(old[:boundary]), \
                 "stock SGLang: rows of old-weight tokens are the NEW router's (re-prefill after the update)"
             reason = retraction_reason(meta)
-            assert reason and "seed1" in reason and f"[0, {k})" in reason, reason
+            assert reason and "default -> seed1" in reason and f"[0, {k})" in reason, reason
     finally:
-        requests.post(eng.url + "/update_weights_from_disk", headers=h, json={"model_path": tiny_model}, timeout=300)
+        _post(eng, "/continue_generation", {})
+        _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ["0.5.15.post1"])
+def test_retraction_across_weight_update_refused_without_spans(variant, tiny_model):
+    """The same sequence on SGLang 0.5.15.post1 (slime's version; this file's `__main__` runs the engine
+    in that environment): `meta_info` has `num_retractions` and only the version at finish, no spans; the
+    /flush_cache is refused while the retracted requests wait (Miles's flush_cache raises after 60 s), so
+    the update runs without a flush; the dispatcher's check refuses by the version when sent. Rows are
+    printed, not asserted: that engine's rows are open (issue 9 item 6); measured once, no row of either
+    request matched the seed-1 router, and request 1's prompt rows matched neither router."""
+    from conftest import ENGINE_BUDGET_S
+    from test_version_matrix import python_of
+
+    other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    p = subprocess.run([str(python_of(variant)), __file__, tiny_model, other, str(ENGINE_BUDGET_S)], env=env,
+                       capture_output=True, text=True, timeout=ENGINE_BUDGET_S + 300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["version"] == variant
+    assert got["flush_status"] == 400, got["flush_status"]  # Miles's flush_cache would raise after 60 s
+    for ids, body in zip(PROMPTS, got["out"]):
+        meta = body["meta_info"]
+        print("retractions", meta["num_retractions"], "version", meta["weight_version"],
+              "seed-1 rows", sum(_rows_matching(ids, body, 1)), "of", len(ids) + NEW - 1)
+        assert meta["num_retractions"] >= 1 and meta["weight_version"] == "seed1" and "weight_versions" not in meta
+        new, old = _rows_matching(ids, body, 1)[1:len(ids)], _rows_matching(ids, body, 0)[1:len(ids)]
+        print("prompt rows 1..: seed-1", sum(new), "seed-0", sum(old), "of", len(new))
+        assert retraction_reason(meta) is not None          # version when sent unknown: refused
+        assert "'default' when sent, 'seed1' at the end" in retraction_reason(meta, "default")
+
+
+if __name__ == "__main__":   # the child of the test above, in the variant's environment
+    import tempfile
+
+    import sglang
+
+    from rollout.engines.engine_launch import launch
+
+    eng = launch(EngineOptions(model_path=sys.argv[1], routed_experts=True),
+                 os.path.join(tempfile.mkdtemp(prefix="engine-retract-"), "engine.log"))
+    try:
+        eng.wait_ready(float(sys.argv[3]))
+        threads, seen, last = _stream(eng)
+        at_pause = _pause_after(eng, seen)
+        flushed = _miles_update(eng, sys.argv[2], "seed1")
+        print(json.dumps({"version": sglang.__version__, "at_pause": at_pause, "flush_status": flushed,
+                          "out": _finish(threads, last)}))
+    finally:
+        assert not eng.stop(), "engine processes left"

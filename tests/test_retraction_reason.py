@@ -39,3 +39,60 @@ def test_dispatcher_marks_the_sample_failed():
     ok = Sample(sample_id="g/1", group_id="g", index=1, prompt_ids=[1, 2])
     Dispatcher._apply_routed(shell, ok, _meta(0, [("v1", 20)], "v2", 60), 0)
     assert ok.routed_experts == "rows" and ok.status == "pending"
+
+
+def _finish_only(retractions, version):
+    """meta_info as SGLang 0.5.15.post1 / 0.5.16 build it: the version at finish, no spans
+    (tests/test_retraction_versions.py pins that shape on their code)."""
+    return {"num_retractions": retractions, "weight_version": version, "routed_experts": "AAAA",
+            "output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "length"}}
+
+
+def test_reason_without_spans_compares_the_version_when_sent():
+    assert retraction_reason(_finish_only(0, "v2"), "v1") is None        # update, no retraction
+    assert retraction_reason(_finish_only(3, "v1"), "v1") is None        # retraction, same weights
+    assert retraction_reason(_finish_only(1, "v2"), "v1") == (
+        "retracted 1x and the weight version was 'v1' when sent, 'v2' at the end (this SGLang reports no "
+        "per-token versions): the routed experts of tokens generated before an update may be the newer "
+        "weights' routes")
+    assert "was None when sent" in retraction_reason(_finish_only(1, "v1"), None)   # unknown: refused
+
+
+@pytest.mark.timeout(60)
+def test_dispatcher_tracks_the_engine_version_per_attempt():
+    """A loopback engine answering as 0.5.16 does: the version it last reported is the sent version of the
+    next attempt; a retracted answer under a newer version fails the sample, a retraction alone does not."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    answers = [_finish_only(0, "v1"), _finish_only(1, "v2"), _finish_only(1, "v2")]
+
+    async def generate(request):
+        await request.json()
+        return web.json_response({"text": "", "meta_info": answers.pop(0)})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, routed_experts=True,
+                               decode_routed=lambda *a: ("rows", None))
+                await d.admit(SimpleNamespace(name="e", url=f"http://127.0.0.1:{port}", api_key=None), "v1")
+                out = [await d.run(Sample(f"g/{i}", "g", i, [1, 2])) for i in range(3)]
+        finally:
+            await runner.cleanup()
+        return out
+
+    first, across, alone = asyncio.run(main())
+    assert (first.sent_version, first.routed_experts) == ("v1", "rows")
+    assert across.sent_version == "v1" and across.status == "failed"
+    assert across.error.startswith("routed experts: retracted 1x and the weight version was 'v1' when sent, 'v2'")
+    assert (alone.sent_version, alone.routed_experts, alone.error) == ("v2", "rows", None)

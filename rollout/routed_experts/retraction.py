@@ -1,25 +1,42 @@
 """Retraction across a weight update: routed experts no longer match the logprobs (miles#3277).
 
-SGLang 0.5.23 `Req.reset_for_retract` drops the request's routed experts and frees its KV; the
-re-prefill recomputes every row up to the retraction point and overwrites the host rows. With the
-same weights the rows come back equal (measured on CPU: all rows equal the model's router). After
-a weight update in between (slime/Miles `pause_generation(mode="retract")`, update, continue) the
-rows of the tokens generated before the update are the NEW weights' routes, while those tokens and
-their logprobs came from the OLD weights: replaying them trains on routes the sampler never used.
-SGLang reports both facts in `meta_info`: `num_retractions` and `weight_versions` (spans of output
-tokens per version). Such a sample is refused with a one-line reason (the manager marks it failed).
+SGLang (0.5.15.post1, 0.5.16, 0.5.23) `Req.reset_for_retract` drops the request's routed experts and
+frees its KV; the re-prefill recomputes every row up to the retraction point into new KV slots and
+the rows are read back from those slots when the request finishes. With the same weights the rows
+come back equal (measured on the CPU engine: every row equals the model's router). After a weight
+update in between (Miles's `pause_generation(mode="retract")`, update, `update_weight_version`,
+`continue_generation`; slime's pause uses the default "abort" mode and retracts nothing) the rows of
+the tokens generated before the update are the NEW weights' routes, while those tokens and their
+logprobs came from the OLD weights (measured on the CPU engine, tests/test_retraction_engine.py).
+No row set is right for both halves (later tokens were sampled on the re-prefilled KV), so such a
+sample is refused with a one-line reason (the dispatcher marks it failed).
+
+What SGLang reports: 0.5.23 gives `num_retractions` and `weight_versions` (spans of output tokens per
+version). 0.5.15.post1 and 0.5.16 give `num_retractions` and only the version at finish
+(`weight_version`): there the sample is refused when it was retracted and that version differs from
+the version the engine reported when the request was sent (`sent_version`), or when that is unknown.
 """
 from collections.abc import Mapping
 from typing import Optional
 
 
-def retraction_reason(meta_info: Mapping) -> Optional[str]:
-    """A reason when the sample was retracted and spans more than one weight version, else None."""
+def retraction_reason(meta_info: Mapping, sent_version: Optional[str] = None) -> Optional[str]:
+    """A reason when the sample was retracted while the weights changed, else None."""
     retractions = int(meta_info.get("num_retractions") or 0)
-    spans = [s for s in (meta_info.get("weight_versions") or []) if isinstance(s, Mapping)]
-    versions = list(dict.fromkeys(str(s.get("version")) for s in spans))
-    if not retractions or len(versions) < 2:
+    if not retractions:
         return None
-    first_new = next(s.get("start") for s in spans if str(s.get("version")) != versions[0])
-    return (f"retracted {retractions}x across weight versions {' -> '.join(versions)}: the re-prefill recomputed "
-            f"the routed experts of output tokens [0, {first_new}) under newer weights than their logprobs")
+    spans = [s for s in (meta_info.get("weight_versions") or []) if isinstance(s, Mapping)]
+    if spans:
+        versions = list(dict.fromkeys(str(s.get("version")) for s in spans))
+        if len(versions) < 2:
+            return None
+        first_new = next(s.get("start") for s in spans if str(s.get("version")) != versions[0])
+        return (f"retracted {retractions}x across weight versions {' -> '.join(versions)}: the re-prefill "
+                f"recomputed the routed experts of output tokens [0, {first_new}) under newer weights than "
+                f"their logprobs")
+    done = meta_info.get("weight_version")
+    if sent_version is not None and done is not None and str(done) == str(sent_version):
+        return None
+    return (f"retracted {retractions}x and the weight version was {sent_version!r} when sent, {done!r} at the "
+            f"end (this SGLang reports no per-token versions): the routed experts of tokens generated before "
+            f"an update may be the newer weights' routes")
