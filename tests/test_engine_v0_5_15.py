@@ -36,13 +36,29 @@ def run_child(model: str, prompts: list, budget_s: float) -> dict:
 
 
 HOST_CACHE = """
-import os, sys
+import sys, threading, torch
 if sys.argv[1] == "plugin":
     from sglang.srt.plugins import load_plugins
     load_plugins()
-from sglang.srt.state_capturer.base import BaseHostCache
+import sglang.srt.state_capturer.base as base
+
+def pin_in_thread():  # what another thread gets while __init__ runs (at its allocation log line)
+    out = []
+    def pin():
+        try:
+            torch.zeros(1, pin_memory=True)
+            out.append("pinned")
+        except RuntimeError as e:
+            out.append("refused" if "pin_memory=True requires a CUDA" in str(e) else str(e))
+    t = threading.Thread(target=pin)
+    t.start()
+    t.join()
+    seen.append((out[0], base.torch is torch))
+
+seen = []
+base.logger.info = lambda *a, **kw: pin_in_thread()
 try:
-    print("OK", tuple(BaseHostCache(4, 3, 2, name="x").buffer.shape))
+    print("OK", tuple(base.BaseHostCache(4, 3, 2, name="x").buffer.shape), seen)
 except RuntimeError as e:
     print("ERR", e)
 """
@@ -56,13 +72,14 @@ def _needs_env():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_host_cache_unpinned_on_0_5_15():
-    """cpu-host-register on 0.5.15: BaseHostCache pins with torch.zeros itself; stock dies on CPU torch."""
+    """cpu-host-register on 0.5.15: BaseHostCache pins with torch.zeros itself; stock dies on CPU torch.
+    The hook is scoped to the call and its thread: another thread still gets torch's refusal meanwhile."""
     _needs_env()
     env = dict(os.environ, PYTHONPATH=REPO, SGLANG_USE_CPU_ENGINE="1")
     run = lambda mode: subprocess.run([ENV_PYTHON, "-c", HOST_CACHE, mode], env=env, capture_output=True,
                                       text=True, timeout=280).stdout.strip().splitlines()[-1]
     assert run("stock").startswith("ERR pin_memory=True requires a CUDA or other accelerator backend")
-    assert run("plugin") == "OK (4, 3, 2)"
+    assert run("plugin") == "OK (4, 3, 2) [('refused', True)]"
 
 
 @pytest.mark.slow
