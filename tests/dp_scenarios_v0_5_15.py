@@ -14,6 +14,7 @@ from unittest import mock
 
 from dp_scenarios import (SNAPSHOT_STOCK, PlannedBackend, _capture_ok, _capturer, _expect, _Recorder,
                           _registry_fill, capture_snapshot_overlap)
+from guard_scenarios import health_generate_codes, verify_logits_rows
 from scenario_runner import main, registry
 
 SCENARIOS, scenario = registry()
@@ -305,46 +306,14 @@ def dp_buffer_sizing_unreachable():
 
 @scenario
 def verify_logits_truncated():
-    import torch
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-    fb = ForwardBatch(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=4, input_ids=torch.arange(16),
-                      req_pool_indices=torch.arange(4), seq_lens=torch.full((4,), 9), out_cache_loc=torch.arange(16),
-                      seq_lens_sum=36, spec_info=SimpleNamespace(draft_token_num=4, num_tokens_per_req=4))
-    fb._original_batch_size = 3
-    out = LogitsProcessorOutput(next_token_logits=torch.zeros(16, 7), hidden_states=torch.zeros(16, 5))
-    fb.post_forward_mlp_sync_batch(out)
-    rows = (out.next_token_logits.shape[0], out.hidden_states.shape[0])
+    rows = verify_logits_rows()
     return {"ok": rows == (12, 12), "detail": f"logits / hidden rows after sync: {rows}, want (12, 12)"}
 
 
 @scenario
 def health_generate_needs_newer_message():
     """Seed fix 4: /health_generate only answers 200 for a message received after the probe began."""
-    import asyncio
-    import time
-    from sglang.srt.entrypoints import http_server
-    from sglang.srt.managers.tokenizer_manager import ServerStatus
-
-    def probe(stamp, bump):
-        tm = SimpleNamespace(server_status=ServerStatus.Up, gracefully_exit=False, is_generation=True,
-                             rid_to_state={}, last_receive_tstamp=stamp,
-                             server_args=SimpleNamespace(disaggregation_mode="null"))
-
-        async def generate_request(obj, request=None):
-            await asyncio.sleep(0.2)
-            if bump:
-                tm.last_receive_tstamp = time.time()
-            yield {}
-
-        tm.generate_request = generate_request
-        req = SimpleNamespace(url=SimpleNamespace(path="/health_generate"), headers={})
-        with mock.patch.object(http_server, "_global_state", SimpleNamespace(tokenizer_manager=tm)), \
-                mock.patch.object(http_server, "HEALTH_CHECK_TIMEOUT", 2):
-            return asyncio.run(http_server.health_generate(req)).status_code
-
-    got = (probe(0.0, True), probe(0.0, False), probe(time.time(), False))
+    got = health_generate_codes()
     return {"ok": got == (200, 503, 503), "detail": f"old stamp+reply, old stamp, fresh stamp -> {got}"}
 
 

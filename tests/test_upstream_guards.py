@@ -3,13 +3,12 @@
 These pass on stock 0.5.23 and fail if SGLang regresses, or if someone "ports" the seed fix.
 No plugin is loaded in this process.
 """
-import asyncio
-import time
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
 import torch
+
+from guard_scenarios import health_generate_codes, verify_logits_rows
 
 dpa = pytest.importorskip("sglang.srt.layers.dp_attention")
 
@@ -42,49 +41,17 @@ def test_dp_buffer_sizing_guard(monkeypatch):
     assert int(ported.num_token_non_padded) == 8  # what the seed port would do: rank 0's width
 
 
-def test_verify_logits_truncation_guard(monkeypatch):
+def test_verify_logits_truncation_guard():
     """Fix 3: post_forward_mlp_sync_batch already cuts padded verify logits to bs * k rows."""
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=4, input_ids=torch.arange(16),
-        req_pool_indices=torch.arange(4), seq_lens=torch.full((4,), 9), out_cache_loc=torch.arange(16),
-        seq_lens_sum=36, spec_info=SimpleNamespace(num_tokens_per_req=4),
-    )
-    fb._original_batch_size = 3
-    out = LogitsProcessorOutput(next_token_logits=torch.zeros(16, 7), hidden_states=torch.zeros(16, 5))
-    fb.post_forward_mlp_sync_batch(out)
-    assert out.next_token_logits.shape[0] == 12
-    assert out.hidden_states.shape[0] == 12
+    assert verify_logits_rows() == (12, 12)
 
 
-def test_heartbeat_reset_guard(monkeypatch):
+def test_heartbeat_reset_guard():
     """Fix 4: /health_generate needs a message received after the probe started, so resetting
-    last_receive_tstamp before "fired up" cannot change its answer."""
+    last_receive_tstamp before "fired up" cannot change its answer: an ancient stamp plus a reply is 200,
+    an ancient or a "just reset" stamp without one is 503."""
     from sglang.srt.entrypoints import http_server
-    from sglang.srt.managers.tokenizer_manager import ServerStatus
 
-    def manager(stamp, bump):
-        tm = SimpleNamespace(server_status=ServerStatus.Up, gracefully_exit=False, is_generation=True,
-                             rid_to_state={}, last_receive_tstamp=stamp, server_args=SimpleNamespace())
-
-        async def generate_request(obj, request=None):
-            await asyncio.sleep(0.2)
-            if bump:
-                tm.last_receive_tstamp = time.time()
-            yield {}
-
-        tm.generate_request = generate_request
-        return tm
-
-    def probe(tm):
-        req = SimpleNamespace(url=SimpleNamespace(path="/health_generate"), headers={})
-        with mock.patch.object(http_server, "_global_state", SimpleNamespace(tokenizer_manager=tm)), \
-                mock.patch.object(http_server, "get_disagg", lambda: SimpleNamespace(disaggregation_mode="null")), \
-                mock.patch.object(http_server, "HEALTH_CHECK_TIMEOUT", 2):
-            return asyncio.run(http_server.health_generate(req)).status_code
-
-    assert probe(manager(0.0, bump=True)) == 200  # an ancient stamp does not cause a 503
-    assert probe(manager(0.0, bump=False)) == 503
-    assert probe(manager(time.time(), bump=False)) == 503  # a "just reset" stamp does not cause a 200
+    disagg = SimpleNamespace(disaggregation_mode="null")
+    assert health_generate_codes([("get_disagg", lambda: disagg)]) == (200, 503, 503)
+    assert hasattr(http_server, "get_disagg")  # 0.5.23 reads the mode here, not from server_args
