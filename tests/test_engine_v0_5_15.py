@@ -132,8 +132,9 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
         for layer in range(1, NUM_LAYERS):
             got_rows = [sorted(x) for x in routed[:, layer, :].tolist()]
             wrong = [r for r in range(n) if got_rows[r] != hf[layer][r]]
-            assert wrong == [0] + list(range(p, n)), f"layer {layer}: rows differing from transformers: {wrong}"
-            assert got_rows == [hf[layer][source[r]] for r in range(n)], f"layer {layer}"
+            # A decode row can look right where two neighbouring tokens route alike (prompt 2: rows 14, 15).
+            assert 0 in wrong and set(wrong) <= {0, *range(p, n)}, f"layer {layer}: rows differing: {wrong}"
+            assert got_rows == [hf[layer][source[r]] for r in range(n)], f"layer {layer}: not the next forward's rows"
 
 
 if __name__ == "__main__":
