@@ -32,7 +32,7 @@ FIX = Fix(
     defect=(
         "With overlap scheduling the deferred routed-experts output is a view of the device cache that "
         "the next forward rewrites before the host copy lands. Prompt row 0 and every decode row carry "
-        "the next forward's experts (CUDA: a race; CPU: always)."
+        "the next forward's experts (CUDA: a race, per sglang#34319; CPU: always)."
     ),
     reference="sglang#34319 (merged upstream; in 0.5.23)",
     test="tests/test_version_matrix.py::test_fix_on_variant",
