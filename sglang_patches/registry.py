@@ -41,6 +41,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.verify_padding_lcm",
     "sglang_patches.fixes.upstream_guards",
     "sglang_patches.fixes.r3_guards",
+    "sglang_patches.fixes.capture_snapshot",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
 )

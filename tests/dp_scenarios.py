@@ -381,5 +381,41 @@ def verify_padding_k4_attn_tp8():
     return _verify_rows(bs=1, k=4, attn_tp=8)
 
 
+# ---------------------------------------------------------------- capture snapshot (sglang#34319)
+
+SNAPSHOT_STOCK = "host rows of slots 10..14 [900, 101, 102, 103, 900]"  # 0.5.15.post1 / 0.5.16 without the fix
+
+def _overlap_forward(cap, locs, first_id):
+    """One forward under overlap scheduling: capture, SGLang's deferred output, the scheduler's D2H."""
+    import torch
+    import sglang.srt.state_capturer.routed_experts as re_mod
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    ids = torch.arange(first_id, first_id + len(locs), dtype=torch.int32)[:, None].expand(len(locs), cap.topk_size)
+    for layer in range(cap.num_layers):
+        cap.capture(layer, ids.contiguous())
+    fb = SimpleNamespace(out_cache_loc=torch.tensor(locs), out_cache_loc_virtual=None)
+    with mock.patch.object(re_mod, "is_dp_attention_enabled", lambda: False):
+        out = cap.on_forward_end(fb, can_run_graph=False, cuda_graph_batch=None, no_copy_to_cpu=True)
+    result = GenerationBatchResult(next_token_ids=torch.zeros(1, dtype=torch.int64), routed_experts_output=out,
+                                   copy_done=SimpleNamespace(record=lambda: None))
+    result.copy_to_cpu(return_logprob=False, return_hidden_states=False)
+    return result
+
+
+@scenario
+def capture_snapshot_overlap():
+    # Prefill of 4 tokens (KV slots 10..13, experts 100..103), then the next decode forward (slot 14,
+    # expert 900) runs before the prefill's result is processed: the overlap scheduler's order.
+    cap = _capturer(rows=16)
+    prefill = _overlap_forward(cap, [10, 11, 12, 13], 100)
+    decode = _overlap_forward(cap, [14], 900)
+    prefill.routed_experts_output.finalize()
+    decode.routed_experts_output.finalize()
+    got = cap.host_cache.buffer[10:15, 0, 0].tolist()
+    want = [100, 101, 102, 103, 900]
+    return {"ok": got == want, "detail": f"host rows of slots 10..14 {got}, want {want}"}
+
+
 if __name__ == "__main__":
     main(SCENARIOS, sys.argv[1])

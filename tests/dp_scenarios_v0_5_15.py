@@ -12,11 +12,13 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 from unittest import mock
 
-from dp_scenarios import PlannedBackend, _capture_ok, _capturer, _expect, _Recorder, _registry_fill
+from dp_scenarios import (SNAPSHOT_STOCK, PlannedBackend, _capture_ok, _capturer, _expect, _Recorder,
+                          _registry_fill, capture_snapshot_overlap)
 from guard_scenarios import health_generate_codes, verify_logits_rows
 from scenario_runner import main, registry
 
 SCENARIOS, scenario = registry()
+scenario(capture_snapshot_overlap)  # sglang#34319: the prefill's row 0 holds the next decode's experts
 ROWS_MSG = "must match the existing size"
 NONE_MUL = "unsupported operand type(s) for *: 'int' and 'NoneType'"
 
@@ -326,12 +328,13 @@ _FIXES = {
                                "draft_extend_real_rows_k3": "q.shape[0] (16) does not match qo_indptr[-1] (12)"},
     "verify-padding-lcm": {"verify_padding_k3_attn_tp8": "8 padded rows, batch_size 2 x k 3 = 6",
                            "verify_padding_k6_attn_tp4": "20 padded rows, batch_size 3 x k 6 = 18"},
+    "capture-snapshot": {"capture_snapshot_overlap": SNAPSHOT_STOCK},
 }
 _GUARDS = ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "verify_padding_k4_attn_tp8",
            "dp_buffer_sizing_unreachable", "verify_logits_truncated", "health_generate_needs_newer_message"]
 _STATES = {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
            "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed", "verify-logits-truncation": "upstream",
-           "heartbeat-reset": "upstream", "padding-rows-capture": "not-needed"}
+           "heartbeat-reset": "upstream", "padding-rows-capture": "not-needed", "capture-snapshot": "active"}
 _SLIME_FIXES = dict(_FIXES, **{"capturer-extent": {  # slime's sglang.patch fixes the EAGLE-verify stride
     "capturer_extent_prefill_graph_first": NONE_MUL,
     "capturer_extent_prefill_graph_stale_bs": "stored gathered rows [8, 9,",

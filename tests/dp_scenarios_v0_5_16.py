@@ -18,11 +18,12 @@ from contextlib import ExitStack, nullcontext
 from types import SimpleNamespace
 from unittest import mock
 
-from dp_scenarios import _expect
+from dp_scenarios import SNAPSHOT_STOCK, _expect, capture_snapshot_overlap
 from guard_scenarios import health_generate_codes, verify_logits_rows
 from scenario_runner import main, registry
 
 SCENARIOS, scenario = registry()
+scenario(capture_snapshot_overlap)  # same SGLang code as 0.5.15.post1 (sglang#34319 is after 0.5.16)
 
 EXPECT = {"0.5.16": {
     "fixes": {
@@ -41,16 +42,18 @@ EXPECT = {"0.5.16": {
             "verify_padding_k3_attn_tp8": "8 padded rows, batch_size 2 x k 3 = 6",
             "verify_padding_k6_attn_tp4": "20 padded rows, batch_size 3 x k 6 = 18",
         },
+        "capture-snapshot": {"capture_snapshot_overlap": SNAPSHOT_STOCK},
     },
     "guards": ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "draft_extend_unpadded_untouched",
                "verify_padding_k4_attn_tp8", "dp_buffer_seed_a2a_none_full_lists", "dp_buffer_seed_deepep_no_reader",
                "verify_logits_truncation_guard", "heartbeat_reset_guard"],
     "latent": {"dp_buffer_one_entry_list_latent": "IndexError: list index out of range"},
-    "registered": ["capturer-extent", "routed-experts-rows", "draft-extend-real-rows", "verify-padding-lcm"],
+    "registered": ["capturer-extent", "routed-experts-rows", "draft-extend-real-rows", "verify-padding-lcm",
+                   "capture-snapshot"],
     "states": {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
                "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed",
                "verify-logits-truncation": "upstream", "heartbeat-reset": "upstream",
-               "padding-rows-capture": "not-needed"},
+               "padding-rows-capture": "not-needed", "capture-snapshot": "active"},
 }}
 
 

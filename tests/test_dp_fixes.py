@@ -26,6 +26,7 @@ GUARD_SCENARIOS = [
     "routed_experts_rows_default",
     "draft_extend_unpadded_untouched",
     "verify_padding_k4_attn_tp8",
+    "capture_snapshot_overlap",  # capture-snapshot: upstream in 0.5.23 (sglang#34319)
 ]
 
 
@@ -66,7 +67,7 @@ def test_unaffected_paths_stay_correct(dp_results, name):
 def test_every_fix_has_scenarios():
     from sglang_patches.registry import all_fixes
 
-    hooked = {f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream}
+    hooked = {f.name for f in all_fixes() if f.family == "dp-attention" and f.ports["0.5.23"].state == "hooks"}
     assert hooked == set(FIX_SCENARIOS)
     for fix in all_fixes():
         if fix.name in FIX_SCENARIOS:

@@ -77,3 +77,30 @@ def test_cli_bad_input_is_one_line(capsys):
     assert len(err) == 1 and "invalid choice" in err[0]
     assert main(["engine", "launch", "--config", "a", "--model-path", "/nonexistent"]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_free_port_leaves_room_for_sglang_0_5_15_grpc_port(monkeypatch):
+    """0.5.15.post1 refuses `SGLANG_GRPC_PORT (port + 10000) must be between 1 and 65535`: ports above
+    55535 are skipped (seen on a real 0.5.15.post1 start with port 59033)."""
+    import socket
+
+    offered = iter([59033, 55536, 41000])
+
+    class Sock:
+        def __init__(self, *a):
+            self.port = next(offered)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def bind(self, addr):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(socket, "socket", Sock)
+    assert free_port() == 41000

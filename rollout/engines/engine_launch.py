@@ -42,10 +42,16 @@ class EngineOptions:
 SPEC_KEYS = ("algorithm", "num_steps", "eagle_topk", "num_draft_tokens")
 
 
+MAX_PORT = 65535 - 10000  # SGLang 0.5.15.post1 derives its gRPC port as port + 10000 and refuses one above 65535
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port <= MAX_PORT:
+            return port
 
 
 def resolve(opts: EngineOptions) -> EngineOptions:

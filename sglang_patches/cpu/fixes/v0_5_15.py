@@ -10,7 +10,6 @@ a CUDA or other accelerator backend"): cpu-host-register there also wraps `BaseH
 engine launcher sets SGLANG_CPU_OMP_THREADS_BIND for multi-rank engines itself.
 """
 import importlib
-import sys
 
 from sglang_patches.registry import Hook, Port
 
@@ -29,32 +28,28 @@ PINS = {  # fix module -> {target: 0.5.15.post1 fingerprint}
 HOST_CACHE_INIT = "sglang.srt.state_capturer.base.BaseHostCache.__init__"
 
 
-class _UnpinnedTorch:
-    """`torch` for one call: zeros(pin_memory=True) gives plain host memory (nothing to pin without CUDA)."""
+def _unpinned_mode():
+    """A torch-function mode (thread-local, scoped by `with`): factory calls drop pin_memory=True."""
+    from torch.overrides import TorchFunctionMode
 
-    def __getattr__(self, name):
-        import torch
+    class Unpinned(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            kwargs.pop("pin_memory", None)  # nothing to pin without CUDA: plain host memory
+            return func(*args, **kwargs)
 
-        return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args, pin_memory=False, **kwargs):
-        import torch
-
-        return torch.zeros(*args, **kwargs)
+    return Unpinned()
 
 
 def unpinned_host_cache(original, *args, **kwargs):
+    """AROUND BaseHostCache.__init__ on a CPU engine: its own torch.zeros(pin_memory=True) gets host memory.
+    The mode covers this call on this thread only; module globals and other threads are untouched."""
     import torch
 
     if torch.cuda.is_available():
         return original(*args, **kwargs)
-    g = sys.modules["sglang.srt.state_capturer.base"].__dict__
-    g["torch"] = _UnpinnedTorch()
-    try:
+    with _unpinned_mode():
         return original(*args, **kwargs)
-    finally:
-        g["torch"] = torch
 
 
 def _port(module: str, digests: tuple, extra: tuple = (), extra_pins: dict = None) -> tuple:

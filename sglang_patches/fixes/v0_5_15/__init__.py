@@ -5,7 +5,7 @@ Hooks whose code differs from 0.5.23 live in this package's submodules (one per 
 the fix module's shared logic. slime's patches change none of the hooked functions (same
 fingerprints on both variants); they are told apart by `ModelRunner.forward` (registry.VARIANTS).
 """
-from sglang_patches.fixes import capturer_extent as ce
+from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce
 from sglang_patches.registry import Hook, Port
 
 from . import draft_extend_real_rows as de, routed_experts_rows as rer, verify_padding_lcm as vpl
@@ -27,6 +27,8 @@ _hooked = {
                                    fingerprints={RADIX_FORWARD: "62a6ec3709f7bc5f"}, test=TEST),
     "verify-padding-lcm": Port(hooks=(Hook(MLP_SYNC, vpl.align_to_whole_requests, "before"),),
                                fingerprints={MLP_SYNC: "3ec4976a5007386c"}, test=TEST),
+    "capture-snapshot": Port(hooks=(Hook(cs.ON_FORWARD_END, cs.snapshot_output, "after"),),
+                             fingerprints={cs.ON_FORWARD_END: "fd77ad70640d5781"}, test=TEST),
 }
 _guards = {
     "dp-buffer-sizing": Port(state="not-needed", test=GUARD_TEST, reason=(

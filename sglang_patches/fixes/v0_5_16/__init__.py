@@ -10,7 +10,7 @@ ServerArgs; `dp_size` stays the DP width), no real-rows path for padded extends
 it ready without `replan_equivalent`, so it is never re-planned). `capturer-extent` keeps 0.5.23's
 hooks: both targets have 0.5.23's signatures and every caller passes `padded_num_tokens` by keyword.
 """
-from sglang_patches.fixes import capturer_extent as ce
+from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce
 from sglang_patches.fixes.v0_5_15 import draft_extend_real_rows as de
 from sglang_patches.registry import Hook, Port
 
@@ -36,6 +36,9 @@ PORTS = {
     "verify-padding-lcm": {V: Port(
         hooks=(Hook(PREPARE_MLP_SYNC, vp.align_to_whole_requests, "before"),),
         fingerprints={PREPARE_MLP_SYNC: "9bea5bf3a923f247"}, test=MATRIX)},
+    "capture-snapshot": {V: Port(
+        hooks=(Hook(cs.ON_FORWARD_END, cs.snapshot_output, "after"),),
+        fingerprints={cs.ON_FORWARD_END: "fd77ad70640d5781"}, test=MATRIX)},
     "dp-buffer-sizing": {V: Port(
         state="not-needed", test=GUARDS,
         reason="0.5.16 has no dp_slot_in and indexes per-rank lists by DP rank (IndexError on a one-entry "
