@@ -225,7 +225,7 @@ def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
     from test_engine_single import check_routed, prompts
 
-    from rollout.engine_launch import preset
+    from rollout.engines.engine_launch import preset
 
     ps = prompts(tiny_match_model)
     eager = greedy_runs(engine_pool.get("a-match", preset("a", tiny_match_model)), ps, 8)
@@ -247,7 +247,7 @@ DP_RANKS = (0, 1)
 
 
 def c_graph_engine(engine_pool, model, key, disable=()):
-    from rollout.engine_launch import preset
+    from rollout.engines.engine_launch import preset
 
     return engine_pool.get(key, with_graphs(preset("c", model), disable=disable))
 
