@@ -7,6 +7,7 @@ same engine in eager mode (tokens, logprobs, routed experts) and with transforme
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -239,6 +240,37 @@ def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
         assert g["logprobs"] == e["logprobs"], f"request {i}: logprobs differ from eager"
         assert g["routed"] == e["routed"], f"request {i}: routed experts differ from eager"
         check_routed(tiny_match_model, ps[i % len(ps)], g["out"])
+
+
+PREFILL_GRAPH = {"backend": "full", "bs": [16, 32]}
+PREFILL_REPLAYED = re.compile(r"Prefill batch, #new-seq: 1, #new-token: (\d+),.* cpu graph: True")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_prefill_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
+    """PrefillCudaGraphRunner replayed on CPU (each 14-token prompt padded to the 16-token graph) gives
+    what the eager engine gives: tokens, and routed experts whose prompt rows the replay captured."""
+    from conftest import generate
+    from test_engine_single import check_routed, prompts
+
+    from rollout.engines.engine_launch import preset
+
+    ps = prompts(tiny_match_model)   # two prompts, no shared prefix: each prefill is a fresh 14 tokens
+
+    def runs(engine):   # one at a time, no logprobs: the runner replays such batches (can_replay_locally)
+        return [generate(engine, ids, 8) for ids in ps]
+
+    eager = runs(engine_pool.get("a-match", preset("a", tiny_match_model)))
+    eng = engine_pool.get("a-prefill-graphs", with_graphs(preset("a", tiny_match_model), prefill=PREFILL_GRAPH))
+    graphs = runs(eng)
+    replayed = [int(n) for n in PREFILL_REPLAYED.findall(eng.log_text())]
+    assert any(9 <= n <= 16 for n in replayed), f"no prompt prefill replayed the 16-token graph: {replayed}"
+    for i, (e, g) in enumerate(zip(eager, graphs)):
+        assert g["output_ids"] == e["output_ids"], f"request {i}: tokens differ from eager"
+        assert g["meta_info"]["routed_experts"] == e["meta_info"]["routed_experts"], f"request {i}: routed experts"
+        check_routed(tiny_match_model, ps[i], g)
 
 
 # ---- configuration (c) with graphs: what each DP-attention fix changes in a running engine ----
