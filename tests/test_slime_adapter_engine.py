@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TextDataSource:
-    """slime's data-source interface with text prompts (a stand-in: slime is not installable here)."""
+    """STAND-IN for slime's data source (which needs a prompt file and its buffer): text prompts."""
 
     def __init__(self, prompts, n):
         self.prompts, self.n = list(prompts), n
