@@ -86,7 +86,9 @@ def train_data(args, samples):
     re = data.get("rollout_routed_experts") or []
     if args.use_rollout_routing_replay and not re:
         GAPS.append("no routed experts reached slime: the router forwarded /generate without "
-                    "return_routed_experts (PyPI sglang-router drops it; slime's image ships a patched router)")
+                    "return_routed_experts (every PyPI sglang-router, 0.1.9-0.3.2, drops it: "
+                    "scripts/probe_router_fields.py; slime's image installs zhuzilin/sgl-router's "
+                    "0.3.2-9daabcd wheel from GitHub releases, which is not on PyPI)")
         print(f"[GAP] {GAPS[-1]}", flush=True)
     return (f"{len(samples)} samples, status {sorted({s.status.value for s in samples})}, rollout_ids "
             f"{data['rollout_ids']}, response_lengths {data['response_lengths']}, routed experts "

@@ -7,6 +7,7 @@ same engine in eager mode (tokens, logprobs, routed experts) and with transforme
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -225,7 +226,7 @@ def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
     from test_engine_single import check_routed, prompts
 
-    from rollout.engine_launch import preset
+    from rollout.engines.engine_launch import preset
 
     ps = prompts(tiny_match_model)
     eager = greedy_runs(engine_pool.get("a-match", preset("a", tiny_match_model)), ps, 8)
@@ -241,15 +242,50 @@ def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
         check_routed(tiny_match_model, ps[i % len(ps)], g["out"])
 
 
+PREFILL_GRAPH = {"backend": "full", "bs": [16, 32]}
+PREFILL_REPLAYED = re.compile(r"Prefill batch, #new-seq: 1, #new-token: (\d+),.* cpu graph: True")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_prefill_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
+    """PrefillCudaGraphRunner replayed on CPU (each 14-token prompt padded to the 16-token graph) gives
+    what the eager engine gives: tokens, and routed experts whose prompt rows the replay captured."""
+    from conftest import generate
+    from test_engine_single import check_routed, prompts
+
+    from rollout.engines.engine_launch import preset
+
+    ps = prompts(tiny_match_model)   # two prompts, no shared prefix: each prefill is a fresh 14 tokens
+
+    def runs(engine):   # one at a time, no logprobs: the runner replays such batches (can_replay_locally)
+        return [generate(engine, ids, 8) for ids in ps]
+
+    eager = runs(engine_pool.get("a-match", preset("a", tiny_match_model)))
+    eng = engine_pool.get("a-prefill-graphs", with_graphs(preset("a", tiny_match_model), prefill=PREFILL_GRAPH))
+    graphs = runs(eng)
+    replayed = [int(n) for n in PREFILL_REPLAYED.findall(eng.log_text())]
+    assert any(9 <= n <= 16 for n in replayed), f"no prompt prefill replayed the 16-token graph: {replayed}"
+    for i, (e, g) in enumerate(zip(eager, graphs)):
+        assert g["output_ids"] == e["output_ids"], f"request {i}: tokens differ from eager"
+        assert g["meta_info"]["routed_experts"] == e["meta_info"]["routed_experts"], f"request {i}: routed experts"
+        check_routed(tiny_match_model, ps[i], g)
+
+
 # ---- configuration (c) with graphs: what each DP-attention fix changes in a running engine ----
 
 DP_RANKS = (0, 1)
 
 
-def c_graph_engine(engine_pool, model, key, disable=()):
-    from rollout.engine_launch import preset
+def preset_c(model):
+    from rollout.engines.engine_launch import preset
 
-    return engine_pool.get(key, with_graphs(preset("c", model), disable=disable))
+    return preset("c", model)
+
+
+def c_graph_engine(engine_pool, model, key, disable=()):
+    return engine_pool.get(key, with_graphs(preset_c(model), disable=disable))
 
 
 def per_rank_results(engine, model, n=9):
@@ -330,3 +366,59 @@ def test_c_graphs_without_capturer_extent_corrupts_rank_1(engine_pool, tiny_matc
                 assert bad == [], "DP rank 0 slices from offset 0: right without the fix"
             else:
                 assert bad == list(range(len(ids), len(ids) + 8)), "every verify-written row on rank 1 is wrong"
+
+
+def both_ranks_at_once(engine, model, n=9) -> list:
+    """[(ids, rank, out or error text)]: each prompt pinned to each DP rank, all sent at once (a prefill
+    graph replays under DP attention only when every DP rank prefills in the same step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+    from test_engine_single import prompts
+
+    def one(job):
+        try:
+            return generate(engine, job[0], n, routed_dp_rank=job[1])
+        except Exception as e:   # noqa: BLE001 - a crashed engine answers with a dropped connection
+            return f"{type(e).__name__}: {e}"
+
+    jobs = [(ids, rank) for ids in prompts(model) for rank in DP_RANKS]
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        return [(ids, rank, out) for (ids, rank), out in zip(jobs, ex.map(one, jobs))]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_model):
+    """`capturer-extent` off, prefill graphs on under DP attention: the prefill replay leaves the
+    capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`
+    (`dp_rank * cuda_graph_batch`) at the first prefill that both DP ranks run in one step."""
+    eng = engine_pool.get("c-prefill-graphs-no-capturer-extent", with_graphs(
+        preset_c(tiny_match_model), prefill=PREFILL_GRAPH, disable=("capturer-extent",)))
+    assert "capturer-extent" not in eng.active_fixes()
+    outs = both_ranks_at_once(eng, tiny_match_model)
+    log = eng.log_text()
+    assert "local_start_pos = dp_rank * cuda_graph_batch" in log
+    assert "TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'" in log
+    assert all(isinstance(out, str) for _, _, out in outs), "a request was answered by a crashed engine"
+    assert not eng.alive()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
+    """The same engine and requests with the fix set: prefill replays on both DP ranks, tokens and
+    routed experts equal transformers on every rank and token."""
+    from conftest import hf_greedy
+
+    eng = engine_pool.get("c-prefill-graphs", with_graphs(preset_c(tiny_match_model), prefill=PREFILL_GRAPH))
+    outs = both_ranks_at_once(eng, tiny_match_model)
+    replays = [x for x in eng.log_text().splitlines() if "Prefill batch" in x and "cpu graph: True" in x]
+    assert {r for r in DP_RANKS if any(f" DP{r} " in x for x in replays)} == set(DP_RANKS), "no DP prefill replay"
+    for ids, rank, out in outs:
+        assert not isinstance(out, str), out
+        assert out["meta_info"]["dp_rank"] == rank
+        assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+        assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TextDataSource:
-    """slime's data-source interface with text prompts (a stand-in: slime is not installable here)."""
+    """STAND-IN for slime's data source (which needs a prompt file and its buffer): text prompts."""
 
     def __init__(self, prompts, n):
         self.prompts, self.n = list(prompts), n
@@ -41,7 +41,9 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
         sglang_router_ip=eng.opts.host, sglang_router_port=eng.opts.port, sglang_api_key=eng.api_key,
         hf_checkpoint=tiny_model, n_samples_per_prompt=2, rollout_batch_size=2, sglang_server_concurrency=4,
         use_rollout_routing_replay=True, rollout_temperature=0.0, rollout_top_p=1.0, rollout_top_k=-1,
-        rollout_max_response_len=6, custom_rm_path=None)
+        rollout_max_response_len=6,
+        # slime's own async_rm (used whenever slime is importable) reads args.rm_type unless a custom rm is set
+        custom_rm_path="test_slime_adapter.length_reward")
     try:
         out = slime_adapter.generate_rollout(args, 3, TextDataSource(["the quick brown fox",
                                                                       "rollout routing replay records experts"], 2))
@@ -52,6 +54,7 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
         assert len(group) == 2 and group[0].tokens == group[1].tokens   # greedy: identical siblings
         for s in group:
             assert s.rollout_id is None and 0 < s.response_length <= 6
+            assert s.reward == float(s.response_length)
             assert len(s.rollout_log_probs) == len(s.loss_mask) == s.response_length
             re = s.rollout_routed_experts
             assert tuple(re.shape) == (len(s.tokens) - 1, NUM_LAYERS, TOP_K) and str(re.dtype) == "torch.int32"
