@@ -18,8 +18,9 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_DIRS = ("sglang_patches", "rollout", "training_configs", "tests", "benchmarks", "scripts")
-# Imported by the project but not part of the lock: slime is the user's source tree (--slime-src).
-NOT_IN_LOCK = {"slime"}
+# Imported by the project but not part of the lock: slime is the user's source tree (--slime-src);
+# sglang_router is the router slime's environment brings (scripts/probe_router_fields.py probes it).
+NOT_IN_LOCK = {"slime", "sglang_router"}
 # Used by the project without an import statement in its sources.
 EXTRA_MODULES = ("pytest_timeout",)
 
