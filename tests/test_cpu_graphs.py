@@ -422,3 +422,83 @@ def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_
         assert out["meta_info"]["dp_rank"] == rank
         assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
         assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"
+
+
+# `routed-experts-rows`: chunked prefill 16 and 12 running requests (SGLang gives each DP rank half),
+# so SGLang sizes the capture buffer max(8, 6) x 2 DP ranks = 16 rows while the bs-4 verify graph
+# gathers 4 x 3 draft tokens x 2 ranks = 24. (6 running requests a rank, not 4: see the README.)
+SHORT_BUFFER = ["--chunked-prefill-size", "16", "--max-running-requests", "12"]
+BUFFER_ROWS = re.compile(r"DeviceCache\[routed_experts\] allocated: shape=\((\d+), ")
+ROWS_OVERFLOW = "The expanded size of the tensor (16) must match the existing size (24)"
+
+
+def short_buffer_engine_opts(model, disable=()):
+    from dataclasses import replace
+
+    opts = with_graphs(preset_c(model), disable=disable)
+    return replace(opts, extra_args=[*opts.extra_args, *SHORT_BUFFER])
+
+
+class _LogShows(Exception):
+    pass
+
+
+def failed_start_log(opts, log_path, text) -> str:
+    """Start an engine that must not come up; its whole log once `text` is in it or it exited."""
+    import time
+
+    from conftest import ENGINE_BUDGET_S
+
+    from rollout.engines.engine_launch import launch
+
+    eng = launch(opts, log_path)
+
+    def tick(_elapsed):
+        if text in eng.log_text():
+            raise _LogShows(text)
+
+    try:
+        with pytest.raises((RuntimeError, _LogShows)):
+            eng.wait_ready(ENGINE_BUDGET_S, on_tick=tick)
+        time.sleep(2)   # the rest of the traceback
+        return eng.log_text()
+    finally:
+        assert not eng.stop(), "processes left after stop"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_c_graphs_without_routed_experts_rows_crash_at_capture(tmp_path, tiny_match_model):
+    """`routed-experts-rows` off, configuration (c) with a short capture buffer (max(chunked prefill,
+    running requests) x DP ranks ignores the 3 verify tokens a request): capturing the bs-4 verify
+    graph writes 24 gathered rows into SGLang's 16-row buffer and the engine never comes up."""
+    from rollout.engines.engine_launch import parse_active_fixes
+
+    opts = short_buffer_engine_opts(tiny_match_model, disable=("routed-experts-rows",))
+    log = failed_start_log(opts, str(tmp_path / "engine.log"), ROWS_OVERFLOW)
+    assert set(BUFFER_ROWS.findall(log)) == {"16"}
+    assert "Capture cuda graph failed: " + ROWS_OVERFLOW in log
+    assert "routed-experts-rows" not in parse_active_fixes(log)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
+    """The same settings with the fix set: the buffer grows to at least 4 x 3 x 2 = 24 rows (after
+    SGLang's 16), verify replays on both DP ranks, tokens and routed experts equal transformers."""
+    from conftest import hf_greedy
+
+    eng = engine_pool.get("c-graphs-short-buffer", short_buffer_engine_opts(tiny_match_model))
+    assert "routed-experts-rows" in eng.active_fixes()
+    res = per_rank_results(eng, tiny_match_model)
+    log = eng.log_text()
+    rows = [int(n) for n in BUFFER_ROWS.findall(log)]
+    assert 16 in rows and max(rows) >= 24, rows
+    assert ranks_replaying(log) == set(DP_RANKS)
+    for rank, outs in res.items():
+        for ids, out in outs:
+            assert out["meta_info"]["dp_rank"] == rank
+            assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+            assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"
