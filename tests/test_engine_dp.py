@@ -76,9 +76,9 @@ def test_c_without_dp_fixes_same_results(engine_pool, tiny_match_model):
 
     Measured on CPU (2026-11-29): nothing differs - outputs, accept lengths and routed experts
     match transformers on both DP ranks with or without the fixes. The defects they fix live in
-    code paths a CPU engine does not take (CUDA/prefill graph replays, flashinfer's row-count
-    check, overflowing capture buffers at GPU batch sizes). This guard says so, and flags it if
-    a later SGLang makes them reachable on CPU.
+    code paths an eager CPU engine does not take (graph replays, flashinfer's row-count check,
+    capture buffers shorter than a graph bucket). With CPU graph replay on, tests/test_cpu_graphs.py
+    reaches capturer-extent and routed-experts-rows. This guard says the eager default is unaffected.
     """
     from sglang_patches.registry import all_fixes
 
