@@ -8,6 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
+from loopback import start_app
 
 from rollout.dispatch import Dispatcher, Sample
 
@@ -31,11 +32,8 @@ async def _server(hang: bool):
 
     app = web.Application()
     app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1], got
+    runner, port = await start_app(app)
+    return runner, port, got
 
 
 @pytest.mark.timeout(60)

@@ -66,6 +66,7 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
 
     import aiohttp
     from aiohttp import web
+    from loopback import start_app
 
     answers = [_finish_only(0, "v1"), _finish_only(1, "v2"), _finish_only(1, "v2")]
 
@@ -76,11 +77,7 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
     async def main():
         app = web.Application()
         app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await start_app(app)
         try:
             async with aiohttp.ClientSession() as session:
                 d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, routed_experts=True,
