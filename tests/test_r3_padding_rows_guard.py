@@ -21,6 +21,7 @@ from unittest import mock
 
 import pytest
 import torch
+from dp_scenarios import _capturer
 
 topk = pytest.importorskip("sglang.srt.layers.moe.topk")
 
@@ -40,17 +41,6 @@ def _dp_rank(stack, rank, width):
         stack.enter_context(mock.patch.object(re_mod, "get_moe_a2a_backend",
                                               lambda: SimpleNamespace(is_deepep=lambda: False)))
     stack.enter_context(mock.patch.object(re_mod, "is_dp_attention_enabled", lambda: True))
-
-
-def _capturer(rows, layers=1, k=2):
-    from sglang.srt.state_capturer.base import BaseDeviceCache
-    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer
-
-    cap = object.__new__(RoutedExpertsCapturer)
-    cap.num_layers, cap.topk_size, cap.num_fused_shared_experts = layers, k, 0
-    cap.device_cache = BaseDeviceCache(rows, layers, k, "cpu", name="routed_experts")
-    cap.host_cache = SimpleNamespace(buffer=torch.full((256, layers, k), -1, dtype=torch.int32))
-    return cap
 
 
 def test_padding_rows_capture_guard():
