@@ -128,3 +128,18 @@ def slime_arm(args, cfg, model, mgr):
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def batch_args(doc: str, pairs: int, slime_help: str):
+    """The command line of a tiny-batch benchmark (--groups, --max-new-tokens, --pairs, --slime-src)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--pairs", type=int, default=pairs)
+    ap.add_argument("--slime-src", help=slime_help)
+    a = ap.parse_args()
+    if min(a.groups, a.max_new_tokens, a.pairs) < 1:
+        ap.error("--groups, --max-new-tokens and --pairs must be >= 1")
+    return a

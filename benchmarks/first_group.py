@@ -11,7 +11,6 @@ With --slime-src DIR, (b) is slime's own generate_rollout through slime's router
 (benchmarks/_slime_arm.py; timed inside slime's process around the call that hands the trainer data).
 Judged (benchmarks/targets.toml): median over pairs of (a) first group / (b) batch time.
 """
-import argparse
 import asyncio
 import os
 import sys
@@ -20,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
-from _tiny import (barrier_batch, flush_cache, median, one_engine_config, slime_arm,  # noqa: E402
+from _tiny import (barrier_batch, batch_args, flush_cache, median, one_engine_config, slime_arm,  # noqa: E402
                    started_manager, streamed_batch)
 
 
@@ -66,15 +65,8 @@ async def run(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--slime-src", help="a slime checkout: slime's own generate_rollout is the barrier arm")
-    a = ap.parse_args()
-    if min(a.groups, a.max_new_tokens, a.pairs) < 1:
-        ap.error("--groups, --max-new-tokens and --pairs must be >= 1")
-    return asyncio.run(run(a))
+    args = batch_args(__doc__, pairs=2, slime_help="a slime checkout: slime's own generate_rollout is the barrier arm")
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":
