@@ -213,3 +213,14 @@ def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
     assert rc == 1 and mgr.stopped
     assert "tiny-0: given up: 3 restart(s) failed (last: HTTP up not reached)" in err
     assert "error: every engine is lost: tiny-0: HTTP up not reached" in err
+
+
+def test_served_addrs_are_node0_urls_in_config_order():
+    """With `--backend ray` an engine's node 0 may be another host: print where it serves, not rollout.host."""
+    from types import SimpleNamespace as NS
+
+    from rollout.cli.serve import served_addrs
+
+    mgr = NS(specs={"e0": None, "e1": None},   # config order; engines came up in the other order
+             engines={"e1": NS(url="http://10.0.0.7:30010"), "e0": NS(url="http://10.0.0.5:30000")})
+    assert served_addrs(mgr) == "10.0.0.5:30000 10.0.0.7:30010"

@@ -1,8 +1,9 @@
 """`slime-moe-rollout serve`: managed-engines mode - start the config's engines and keep them up.
 
 Starts every engine with the rollout manager (phased readiness, progress on stderr), then prints the
-engines' `host:port` list on stdout, exactly as `config render --format external-addrs` does (pass
-it to slime's `--rollout-external-engine-addrs`), and a ready line on stderr. It then supervises the
+engines' `host:port` list on stdout (pass it to slime's `--rollout-external-engine-addrs`): where each
+engine's node 0 really serves, in config order (the local backend gives what `config render --format
+external-addrs` prints; with `--backend ray` node 0 may be another host), and a ready line on stderr. It then supervises the
 engines with the manager's health monitor (a dead engine is restarted and re-admitted after full
 readiness) until SIGINT/SIGTERM, stops every engine and exits 0.
 slime (managed mode): engines run keyless (`rollout.engine_auth: none`: slime sends no key) on
@@ -96,7 +97,7 @@ async def _serve(cfg, model_path: str, args) -> int:
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.cli.run import _backend
     from rollout.cli.serve_weights import WeightGuard
-    from training_configs.render import render, server_fields
+    from training_configs.render import server_fields
     from training_configs.slime_check import managed_checks
 
     console = stderr_console()
@@ -133,7 +134,8 @@ async def _serve(cfg, model_path: str, args) -> int:
                 raise err
             return start_failure(console, err)
     mgr.view = _LineView(console)
-    print(render(cfg, "external-addrs"), flush=True)
+    addrs = served_addrs(mgr)
+    print(addrs, flush=True)
     if cfg.rollout.engine_auth == "none":
         key_note = f"no API key, bound to {cfg.rollout.host}"
         for w in managed_checks(cfg, server_fields):
@@ -144,13 +146,18 @@ async def _serve(cfg, model_path: str, args) -> int:
         key = next(iter(mgr.specs.values())).api_key
         key_note = f"generated api key in {_write_key(args.log_dir, key)}"
     _say(console, f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
-                  f"slime: --rollout-external-engine-addrs {render(cfg, 'external-addrs')}; "
+                  f"slime: --rollout-external-engine-addrs {addrs}; "
                   f"supervising until SIGINT/SIGTERM")
     tracker = asyncio.create_task(guard.track())
     try:
         return await _supervise(mgr, stop, console)
     finally:
         tracker.cancel()
+
+
+def served_addrs(mgr) -> str:
+    """`host:port` of every engine's HTTP server (node 0), in config order."""
+    return " ".join(mgr.engines[name].url.split("://", 1)[-1].rstrip("/") for name in mgr.specs)
 
 
 async def _supervise(mgr, stop: asyncio.Event, console) -> int:
