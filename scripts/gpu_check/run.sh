@@ -15,9 +15,12 @@ mkdir -p "$OUT"
 {
     echo "gpu-check: $(date -u +%FT%TZ) $($PYTHON -V 2>&1) on $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi')"
     ls "$WHEELS"/*.whl >/dev/null || { echo "gpu-check install: FAIL no wheels in $WHEELS"; exit 1; }
-    timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$WHEELS"/*.whl 2>&1 | grep -v -e "^WARNING: Location" -e "^WARNING: Target directory" \
-        || true
+    if ! timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1; then
+        grep -v "^WARNING" "$OUT/pip.log" | tail -5
+        echo "gpu-check install: pip refused (above); unpacking the wheels into $SITE instead"
+        for w in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$w" "$SITE"; done
+    fi
     [ -d "$SITE/sglang" ] || { echo "gpu-check install: FAIL sglang not installed into $SITE"; exit 1; }
     PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 timeout 220 "$PYTHON" scripts/gpu_check/checks.py "$SITE"
     rc=$?
