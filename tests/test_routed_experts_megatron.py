@@ -13,6 +13,8 @@ CPU shims (megatron-core 0.16.1, test only; GPU trainers need none):
 - ``moe_utils.te_general_gemm`` is never defined without Transformer Engine (NameError in
   ``RouterGatingLinearFunction``): set to None, megatron's own non-TE branch.
 The worker runs in a subprocess so torch.distributed / megatron global state never leaks.
+``check_replay("cuda")`` runs the same replay on CUDA (nccl, routers and tensors on the GPU, no shims):
+scripts/gpu_check runs it on the device machine.
 """
 import json
 import os
@@ -25,8 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_megatron_router_replays_captured_experts():
+    check_replay("cpu")
+
+
+def check_replay(device: str) -> dict:
+    """Run the worker on `device` ("cpu": gloo with the CPU shims; "cuda": nccl, no shims) and assert."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, __file__, "--worker", device], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -36,9 +43,12 @@ def test_megatron_router_replays_captured_experts():
     assert res["real_payload_replayed"] is True
     assert res["num_routers"] == 2 and res["packed_rows"] == 36
     assert res["pad_rows_per_ep_rank_spread"] <= 1, res  # replay padding spread over the 4 EP ranks
+    assert res["device"] == device, res
+    return res
 
 
-def _worker():
+def _worker(device: str):
+    from contextlib import nullcontext
     from unittest import mock
 
     import numpy as np
@@ -53,7 +63,10 @@ def _worker():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    cpu = device == "cpu"
+    if not cpu:
+        torch.cuda.set_device(0)
+    torch.distributed.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
     try:
         from megatron.core import parallel_state
         import megatron.core.transformer.moe.moe_utils as moe_utils
@@ -75,25 +88,25 @@ def _worker():
                 num_layers=lay.num_hidden_layers, hidden_size=hidden, num_attention_heads=4,
                 num_moe_experts=lay.num_experts, moe_router_topk=lay.topk, moe_enable_routing_replay=replay,
                 moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_score_function="sigmoid",
-                moe_router_dtype="fp32", use_cpu_initialization=True, init_method_std=1.0)
+                moe_router_dtype="fp32", use_cpu_initialization=cpu, init_method_std=1.0)
             return [TopKRouter(cfg, pg_collection=moe_utils.get_default_pg_collection()) for _ in lay.moe_layers]
 
         def top_ids(routing_map):  # [N, E] bool -> [N, K] sorted ids
             return routing_map.nonzero()[:, 1].view(routing_map.shape[0], lay.topk)
 
-        with mock.patch.object(torch.cuda, "current_device", lambda: "cpu"):  # shim 1
+        with mock.patch.object(torch.cuda, "current_device", lambda: "cpu") if cpu else nullcontext():  # shim 1
             engine = routers(seed=1, replay=False)   # stand-in for the rollout engine's routers
             trainer = routers(seed=2, replay=True)   # the trainer's routers, different weights
             assert len(RouterReplay.global_router_replay_instances) == len(trainer)
             token_lengths = [7, 5, real_tokens]
-            samples = [torch.randn(t, 1, hidden, generator=torch.Generator().manual_seed(10 + i))
+            samples = [torch.randn(t, 1, hidden, generator=torch.Generator().manual_seed(10 + i)).to(device)
                        for i, t in enumerate(token_lengths)]
             compacts = []
             with torch.no_grad():
                 for h, t in zip(samples[:2], token_lengths):
                     full = np.zeros((t - 1, lay.num_hidden_layers, lay.topk), np.int32)  # dense layer 0 = zeros
                     for j, layer in enumerate(lay.moe_layers):
-                        full[:, layer] = top_ids(engine[j](h[:-1])[1]).numpy()  # last token: no routing
+                        full[:, layer] = top_ids(engine[j](h[:-1])[1]).cpu().numpy()  # last token: no routing
                     comp, reason = sample_routed_experts({"routed_experts": encode_sglang(full)}, t, lay)
                     assert reason is None, reason
                     compacts.append(comp)
@@ -102,13 +115,14 @@ def _worker():
                 compacts.append(comp)
                 per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=12, ep_size=4)
                 n = per_layer[0].shape[0]
-                packed = torch.zeros(n, 1, hidden)
+                packed = torch.zeros(n, 1, hidden, device=device)
                 packed[: sum(token_lengths)] = torch.cat(samples)  # slime thd packing, then padding rows
                 RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
-                replayed = [r(packed)[1] for r in trainer]
+                replayed = [r(packed)[1].cpu() for r in trainer]
                 RouterReplay.clear_global_router_replay_action()
-                own = [r(packed)[1] for r in trainer]
-                captured = [engine[j](packed)[1] for j in range(len(engine))]
+                own = [r(packed)[1].cpu() for r in trainer]
+                captured = [engine[j](packed)[1].cpu() for j in range(len(engine))]
+                on_device = {str(t.device) for r in trainer + engine for t in r.parameters()}
         expected = [torch.zeros(n, lay.num_experts, dtype=torch.bool).scatter(1, p, True) for p in per_layer]
         starts = np.cumsum([0] + token_lengths)
         stand_in_rows = torch.tensor([*range(starts[0], starts[1] - 1), *range(starts[1], starts[2] - 1)])
@@ -118,7 +132,7 @@ def _worker():
         pad_rows = torch.tensor(sorted(set(range(n)) - set(stand_in_rows.tolist()) - set(real_rows.tolist())))
         pad_per_rank = [a[pad_rows].sum(0).view(4, -1).sum(1) for a in replayed]
         res = {
-            "num_routers": len(trainer), "packed_rows": n,
+            "num_routers": len(trainer), "packed_rows": n, "device": ",".join(sorted({d.split(":")[0] for d in on_device})),
             "pad_rows_per_ep_rank_spread": max(int(c.max() - c.min()) for c in pad_per_rank),
             "replay_equal_all_tokens": all(torch.equal(a, b) for a, b in zip(replayed, expected)),
             "replay_equals_captured": all(torch.equal(a[stand_in_rows], c[stand_in_rows])
@@ -134,4 +148,4 @@ def _worker():
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:
-    _worker()
+    _worker(sys.argv[-1] if sys.argv[-1] != "--worker" else "cpu")

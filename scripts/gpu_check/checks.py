@@ -1,0 +1,137 @@
+"""The device (GPU) checks: one judged line each, `gpu-check NAME: PASS|FAIL|SKIP reason`.
+
+Run by scripts/gpu_check/run.sh after the carried wheels are installed (PYTHONPATH=<site>:<repo>).
+Each check runs in its own process with a timeout. Exit status: 1 if any check FAILs.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+RESULTS = []
+
+
+def judge(name: str, verdict: str, reason: str) -> None:
+    RESULTS.append(verdict)
+    print(f"gpu-check {name}: {verdict} {reason}", flush=True)
+
+
+def py(args, timeout, env=None, **kw):
+    """Run python with `args` under a timeout; (rc, stdout, stderr); rc 124 on timeout."""
+    try:
+        p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **(env or {})}, **kw)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        return 124, e.stdout or "", f"timed out after {timeout}s"
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_cpu_hook_decision():
+    """setup_venv.sh's own decision snippet, run with this machine's torch: no CPU hook with a usable GPU."""
+    from sglang_patches.cpu import env
+
+    text = (ROOT / "scripts/setup_venv.sh").read_text()
+    snippet = re.search(r'"\$VENV/bin/python" -c "\n(.*?)\n"\n', text, re.S).group(1)
+    rc, out, err = py(["-c", snippet], 60)
+    import torch
+
+    facts = f"torch {torch.__version__} (cuda {torch.version.cuda}), cuda.is_available() {torch.cuda.is_available()}"
+    if rc != 0:
+        return judge("cpu_hook_decision", "FAIL", f"setup's snippet failed rc {rc}: {err.strip()[-300:]}")
+    installed = "setup: CPU hook at" in out
+    if not cuda():
+        return judge("cpu_hook_decision", "SKIP", f"no CUDA device; {facts}; setup's snippet installed the "
+                     f"hook: {installed} (expected True here)")
+    if installed:
+        env.remove()  # the remaining checks must not run under the CPU hook
+        return judge("cpu_hook_decision", "FAIL", f"setup's snippet installed the CPU hook on a GPU machine; {facts}")
+    judge("cpu_hook_decision", "PASS", f"no CPU hook; {facts}; {torch.cuda.get_device_name(0)}")
+
+
+def register_entry_point(site: str) -> None:
+    """A dist-info for this checkout in `site`, so SGLang's load_plugins() finds our entry point (as pip would)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    d = Path(site) / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
+    eps = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+                  for group, entries in meta["entry-points"].items())
+    (d / "entry_points.txt").write_text(eps)
+
+
+def check_capture_snapshot():
+    """sglang#34319 on CUDA: stock 0.5.15.post1 stores the next forward's row; our plugin's hook stores the right one."""
+    from capture_race import STOCK, WANT  # noqa: F401  (scripts/gpu_check on sys.path)
+    from scenario_runner import MARK
+
+    res = {}
+    for state in ("none", "plugin"):
+        rc, out, err = py(["scripts/gpu_check/capture_race.py", state], 150, env={"SGLANG_PLUGINS": ""})
+        line = next((ln for ln in out.splitlines() if ln.startswith(MARK)), None)
+        if rc != 0 or line is None:
+            return judge("capture_snapshot_cuda", "FAIL", f"state {state}: rc {rc}: {err.strip()[-1500:]}")
+        res[state] = json.loads(line[len(MARK):])
+        print(f"  {state}: sglang {res[state]['_meta']['sglang_path']}, registered {res[state]['_meta']['registered']}; "
+              + "; ".join(f"{k}: {v['detail']}" for k, v in res[state].items() if k != "_meta"), flush=True)
+    none, plug = res["none"]["capture_race_delayed_copy"], res["plugin"]["capture_race_delayed_copy"]
+    if none.get("skip") or plug.get("skip"):
+        return judge("capture_snapshot_cuda", "SKIP", "no CUDA device (the scenario imports and runs up to CUDA)")
+    hooked = "capture-snapshot" in res["plugin"]["_meta"]["registered"]
+    undelayed = f"undelayed stock: {res['none']['capture_race_undelayed']['detail']}"
+    if not hooked or res["none"]["_meta"]["registered"]:
+        return judge("capture_snapshot_cuda", "FAIL", f"plugin states wrong: {res['none']['_meta']['registered']} / "
+                     f"{res['plugin']['_meta']['registered']}")
+    if none["rows"] != STOCK:
+        return judge("capture_snapshot_cuda", "FAIL", f"stock rows {none['rows']}, expected the race's {STOCK}; {undelayed}")
+    if plug["rows"] != WANT:
+        return judge("capture_snapshot_cuda", "FAIL", f"with the fix rows {plug['rows']}, want {WANT}")
+    judge("capture_snapshot_cuda", "PASS", f"stock {none['rows']} (race), fixed {plug['rows']}; {undelayed}")
+
+
+def check_megatron_replay():
+    """The R3 replay test's worker with routers and tensors on CUDA (nccl), same assertions."""
+    if not cuda():
+        return judge("megatron_replay_cuda", "SKIP", "no CUDA device")
+    from test_routed_experts_megatron import check_replay
+
+    try:
+        res = check_replay("cuda")
+    except AssertionError as e:
+        return judge("megatron_replay_cuda", "FAIL", str(e)[-1500:])
+    except subprocess.TimeoutExpired:
+        return judge("megatron_replay_cuda", "FAIL", "worker timed out")
+    judge("megatron_replay_cuda", "PASS", json.dumps(res))
+
+
+def check_cuda_branches():
+    rc, out, err = py(["scripts/gpu_check/cuda_branches.py"], 120)
+    if rc != 0:
+        return judge("cuda_branches", "FAIL", f"rc {rc}: {err.strip()[-1500:]}")
+    print(out, end="", flush=True)
+    res = json.loads(out.strip().splitlines()[-1])
+    if res.get("skip"):
+        return judge("cuda_branches", "SKIP", res["skip"])
+    bad = {k: v for k, v in res.items() if not v["ok"]}
+    judge("cuda_branches", "FAIL" if bad else "PASS", json.dumps(bad or {k: v["detail"] for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    register_entry_point(sys.argv[1])
+    for check in (check_cpu_hook_decision, check_capture_snapshot, check_megatron_replay, check_cuda_branches):
+        try:
+            check()
+        except Exception as e:  # noqa: BLE001 - a crash of the harness is that check's FAIL
+            judge(check.__name__.removeprefix("check_"), "FAIL", f"harness: {type(e).__name__}: {e}")
+    sys.exit(1 if "FAIL" in RESULTS else 0)
