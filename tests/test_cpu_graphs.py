@@ -543,6 +543,8 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
     """The hook's first version (every speculative batch aligned to lcm(attn_tp 2, k 3) = 6): the first
     request's draft decode pads 1 token a request to 6 rows, more than the draft's 4-row eager registry,
     and every scheduler dies in `fill_from`."""
+    import time
+
     import requests
 
     from conftest import generate
@@ -555,6 +557,10 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
     log = eng.log_text()
     assert "RuntimeError: " + DRAFT_ROWS_OVERFLOW in log
     assert "in _draft_forward_idle" in log and "in fill_from" in log
+    for _ in range(75):   # SGLang waits 60 s for CUDA core dumps before it takes the server down
+        if not eng.alive():
+            break
+        time.sleep(2)
     assert not eng.alive()
 
 
@@ -573,6 +579,7 @@ def test_c_verify_padding_lcm_leaves_draft_decode_alone(engine_pool, tiny_match_
     log = eng.log_text()
     assert DRAFT_ROWS_OVERFLOW not in log
     assert ranks_replaying(log) == set(DP_RANKS)
+    assert REPLAY_LINE.format(key=4, mode="TARGET_VERIFY", raw=4) in log, "no rank verified 4 requests at once"
     for rank, outs in res.items():
         for ids, out in outs:
             assert out["meta_info"]["dp_rank"] == rank
