@@ -299,13 +299,15 @@ def draft_extend_unpadded_untouched():
 
 # ---------------------------------------------------------------- verify padding (lcm)
 
-def _verify_batch(bs, k):
+def _verify_batch(bs, k, mode="TARGET_VERIFY", gathered=None):
+    """A speculative batch of `bs` requests, `k` tokens each (`mode` IDLE: bs 0, the same spec width)."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     n = bs * k
+    gathered = gathered or [n]
     return ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY,
+        forward_mode=ForwardMode[mode],
         batch_size=bs,
         input_ids=torch.arange(n),
         req_pool_indices=torch.arange(bs),
@@ -314,20 +316,22 @@ def _verify_batch(bs, k):
         seq_lens_sum=10 * bs,
         seq_lens_cpu=torch.full((bs,), 10),
         positions=torch.arange(n),
-        global_num_tokens_cpu=[n],
-        global_num_tokens_for_logprob_cpu=[n],
-        global_num_tokens_gpu=torch.zeros(1, dtype=torch.int64),
-        global_num_tokens_for_logprob_gpu=torch.zeros(1, dtype=torch.int64),
+        global_num_tokens_cpu=list(gathered),
+        global_num_tokens_for_logprob_cpu=list(gathered),
+        global_num_tokens_gpu=torch.zeros(len(gathered), dtype=torch.int64),
+        global_num_tokens_for_logprob_gpu=torch.zeros(len(gathered), dtype=torch.int64),
         spec_info=SimpleNamespace(num_tokens_per_req=k, is_draft_input=lambda: False),
     )
 
 
-def _prepare(bs, k, attn_tp):
+def _prepare(bs, k, attn_tp, mode="TARGET_VERIFY", gathered=None, slot=0, server_k=None):
+    """Stock `prepare_mlp_sync_batch` on DP slot `slot` of a gather of `gathered` per-rank counts."""
     import sglang.srt.layers.dp_attention as dpa
     import sglang.srt.model_executor.forward_batch_info as fbi
     import sglang.srt.runtime_context as rc
 
-    fb = _verify_batch(bs, k)
+    fb = _verify_batch(bs, k, mode, gathered)
+    width = len(fb.global_num_tokens_cpu)
     runner = SimpleNamespace(
         attn_tp_sequence_sharded=lambda n: True,
         model_config=SimpleNamespace(hf_config=SimpleNamespace()),
@@ -340,12 +344,12 @@ def _prepare(bs, k, attn_tp):
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(fbi, "get_parallel", lambda: parallel))
         stack.enter_context(mock.patch.object(rc, "get_parallel", lambda: parallel))
-        stack.enter_context(mock.patch.object(dpa, "dp_gather_width", lambda: 1))
-        stack.enter_context(mock.patch.object(dpa, "dp_gather_slot", lambda: 0))
+        stack.enter_context(mock.patch.object(dpa, "dp_gather_width", lambda: width))
+        stack.enter_context(mock.patch.object(dpa, "dp_gather_slot", lambda: slot))
         stack.enter_context(mock.patch.object(fbi, "_is_cpu", True))  # no pinned memory here
         stack.enter_context(mock.patch.object(fbi, "get_exec", lambda: SimpleNamespace(graph=SimpleNamespace(
             cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(bs=None))))))
-        stack.enter_context(mock.patch.object(rc, "max_speculative_num_draft_tokens", lambda: k))
+        stack.enter_context(mock.patch.object(rc, "max_speculative_num_draft_tokens", lambda: server_k or k))
         stack.enter_context(mock.patch.object(fbi, "set_dp_buffer_len_from_batch", lambda *a, **kw: None))
         stack.enter_context(mock.patch.object(fbi, "set_is_extend_in_batch", lambda *a, **kw: None))
         stack.enter_context(mock.patch.object(fbi, "mambaish_config", lambda *a, **kw: None))
@@ -379,6 +383,36 @@ def verify_padding_k6_attn_tp4():
 def verify_padding_k4_attn_tp8():
     # Guard: k divides attn_tp (the seed's EAGLE 3/1/4 setting) pads to whole requests already.
     return _verify_rows(bs=1, k=4, attn_tp=8)
+
+
+# Two DP ranks in one step, attn_tp 2, k = 3 draft tokens (configuration (c)): a busy rank (verify: 3
+# tokens a request; draft decode: 1) and an idle rank whose spec input has the same phase's width.
+# Both must pad the gathered list alike, verify to whole requests, draft decode (4 requests) to no
+# more than its 4 requests (the eager registry holds ceil_align(4, attn_tp) = 4 rows).
+
+def _ranks_padded(mode, width, bs):
+    g = [bs * width, 0]
+    (busy, e1), (idle, e2) = (_prepare(bs, width, 2, mode, gathered=g, slot=0, server_k=3),
+                              _prepare(0, width, 2, "IDLE", gathered=g, slot=1, server_k=3))
+    if e1 or e2:
+        return {"ok": False, "detail": e1 or e2}
+    lists = [busy.global_num_tokens_padded_cpu, idle.global_num_tokens_padded_cpu]
+    rows = busy.input_ids.shape[0]
+    whole = rows == busy.batch_size * width and (width > 1 or busy.batch_size == bs)
+    return {"ok": lists[0] == lists[1] and whole,
+            "detail": f"padded lists {lists[0]} / {lists[1]} (busy / idle rank); busy rank {rows} rows, "
+                      f"batch_size {busy.batch_size} x {width}"}
+
+
+@scenario
+def verify_padding_ranks_agree_verify():
+    return _ranks_padded("TARGET_VERIFY", 3, bs=1)
+
+
+@scenario
+def verify_padding_ranks_agree_draft_decode():
+    # Guard: draft decode (1 token a request) needs attn_tp alignment only: 4 requests stay 4 rows.
+    return _ranks_padded("DECODE", 1, bs=4)
 
 
 # ---------------------------------------------------------------- capture snapshot (sglang#34319)

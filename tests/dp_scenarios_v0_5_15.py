@@ -215,7 +215,8 @@ class _TorchWithoutPinnedMemory:
         return torch.tensor(*a, **kw)
 
 
-def _verify_rows(bs, k, attn_tp):
+def _prepare(bs, k, attn_tp, mode="TARGET_VERIFY", gathered=None, dp_rank=0, server_k=None):
+    """Stock `prepare_mlp_sync_batch` on DP rank `dp_rank` of a gather of `gathered` per-rank counts."""
     import torch
     import sglang.srt.layers.dp_attention as dpa
     import sglang.srt.layers.utils.cp_utils as cp
@@ -224,20 +225,21 @@ def _verify_rows(bs, k, attn_tp):
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     n = bs * k
+    gathered = gathered or [n]
     fb = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.arange(n),
+        forward_mode=ForwardMode[mode], batch_size=bs, input_ids=torch.arange(n),
         req_pool_indices=torch.arange(bs), seq_lens=torch.full((bs,), 10), out_cache_loc=torch.arange(n),
         seq_lens_sum=10 * bs, seq_lens_cpu=torch.full((bs,), 10), positions=torch.arange(n),
-        global_num_tokens_cpu=[n], global_num_tokens_for_logprob_cpu=[n],
-        global_num_tokens_gpu=torch.zeros(1, dtype=torch.int64),
-        global_num_tokens_for_logprob_gpu=torch.zeros(1, dtype=torch.int64),
+        global_num_tokens_cpu=list(gathered), global_num_tokens_for_logprob_cpu=list(gathered),
+        global_num_tokens_gpu=torch.zeros(len(gathered), dtype=torch.int64),
+        global_num_tokens_for_logprob_gpu=torch.zeros(len(gathered), dtype=torch.int64),
         spec_info=SimpleNamespace(num_tokens_per_req=k, is_draft_input=lambda: False), lora_ids=[None] * bs,
     )
     runner = SimpleNamespace(
         mambaish_config=None, is_draft_worker=False, model_config=SimpleNamespace(hf_config=SimpleNamespace()),
         attn_backend=SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1),
-        server_args=_server_args(speculative_algorithm="EAGLE", speculative_num_draft_tokens=k))
-    parallel = SimpleNamespace(attn_tp_size=attn_tp, attn_dp_rank=0, attn_dp_size=2)
+        server_args=_server_args(speculative_algorithm="EAGLE", speculative_num_draft_tokens=server_k or k))
+    parallel = SimpleNamespace(attn_tp_size=attn_tp, attn_dp_rank=dp_rank, attn_dp_size=2)
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(fbi, "get_parallel", lambda: parallel))
         for mod in (sa_mod, fbi):  # the plugin reads it from server_args, the diff from forward_batch_info
@@ -248,6 +250,11 @@ def _verify_rows(bs, k, attn_tp):
         stack.enter_context(mock.patch.object(fbi, "set_is_extend_in_batch", lambda *a, **kw: None))
         stack.enter_context(mock.patch.object(fbi, "torch", _TorchWithoutPinnedMemory()))
         fb.prepare_mlp_sync_batch(runner)
+    return fb
+
+
+def _verify_rows(bs, k, attn_tp):
+    fb = _prepare(bs, k, attn_tp)
     rows = fb.input_ids.shape[0]
     return {"ok": rows == fb.batch_size * k,
             "detail": f"{rows} padded rows, batch_size {fb.batch_size} x k {k} = {fb.batch_size * k}"}
@@ -266,6 +273,17 @@ def verify_padding_k6_attn_tp4():
 @scenario
 def verify_padding_k4_attn_tp8():
     return _verify_rows(bs=1, k=4, attn_tp=8)
+
+
+@scenario
+def verify_padding_ranks_agree_draft_decode():
+    # Guard: attn_tp 2, k 3, draft decode (1 token a request, 4 requests) on a busy and an idle DP rank:
+    # both pad the gathered list alike and the busy rank keeps 4 requests.
+    busy = _prepare(4, 1, 2, "DECODE", gathered=[4, 0], dp_rank=0, server_k=3)
+    idle = _prepare(0, 1, 2, "IDLE", gathered=[4, 0], dp_rank=1, server_k=3)
+    lists = [busy.global_num_tokens_cpu, idle.global_num_tokens_cpu]
+    return {"ok": lists[0] == lists[1] and busy.batch_size == 4 and busy.input_ids.shape[0] == 4,
+            "detail": f"padded lists {lists[0]} / {lists[1]} (busy / idle rank); busy rank batch_size {busy.batch_size}"}
 
 
 # ---------------------------------------------------------------- seed 000 fixes 1 and 3 (guards)
@@ -331,7 +349,8 @@ _FIXES = {
     "capture-snapshot": {"capture_snapshot_overlap": SNAPSHOT_STOCK},
 }
 _GUARDS = ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "verify_padding_k4_attn_tp8",
-           "dp_buffer_sizing_unreachable", "verify_logits_truncated", "health_generate_needs_newer_message"]
+           "verify_padding_ranks_agree_draft_decode", "dp_buffer_sizing_unreachable", "verify_logits_truncated",
+           "health_generate_needs_newer_message"]
 _STATES = {"capturer-extent": "active", "routed-experts-rows": "active", "draft-extend-real-rows": "active",
            "verify-padding-lcm": "active", "dp-buffer-sizing": "not-needed", "verify-logits-truncation": "upstream",
            "heartbeat-reset": "upstream", "padding-rows-capture": "not-needed", "capture-snapshot": "active"}

@@ -45,7 +45,8 @@ EXPECT = {"0.5.16": {
         "capture-snapshot": {"capture_snapshot_overlap": SNAPSHOT_STOCK},
     },
     "guards": ["capturer_extent_eager_prefix_sum", "routed_experts_rows_default", "draft_extend_unpadded_untouched",
-               "verify_padding_k4_attn_tp8", "dp_buffer_seed_a2a_none_full_lists", "dp_buffer_seed_deepep_no_reader",
+               "verify_padding_k4_attn_tp8", "verify_padding_ranks_agree_draft_decode",
+               "dp_buffer_seed_a2a_none_full_lists", "dp_buffer_seed_deepep_no_reader",
                "verify_logits_truncation_guard", "heartbeat_reset_guard"],
     "latent": {"dp_buffer_one_entry_list_latent": "IndexError: list index out of range"},
     "registered": ["capturer-extent", "routed-experts-rows", "draft-extend-real-rows", "verify-padding-lcm",
@@ -314,18 +315,19 @@ def draft_extend_unpadded_untouched():
 
 # ---------------------------------------------------------------- verify padding (lcm)
 
-def _verify_batch(bs, k):
+def _verify_batch(bs, k, mode="TARGET_VERIFY", gathered=None):
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     n = bs * k
+    gathered = gathered or [n]
     return ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.arange(n),
+        forward_mode=ForwardMode[mode], batch_size=bs, input_ids=torch.arange(n),
         req_pool_indices=torch.arange(bs), seq_lens=torch.full((bs,), 10), out_cache_loc=torch.arange(n),
         seq_lens_sum=10 * bs, seq_lens_cpu=torch.full((bs,), 10), positions=torch.arange(n),
-        global_num_tokens_cpu=[n], global_num_tokens_for_logprob_cpu=[n],
-        global_num_tokens_gpu=torch.zeros(1, dtype=torch.int64),
-        global_num_tokens_for_logprob_gpu=torch.zeros(1, dtype=torch.int64),
+        global_num_tokens_cpu=list(gathered), global_num_tokens_for_logprob_cpu=list(gathered),
+        global_num_tokens_gpu=torch.zeros(len(gathered), dtype=torch.int64),
+        global_num_tokens_for_logprob_gpu=torch.zeros(len(gathered), dtype=torch.int64),
         spec_info=SimpleNamespace(num_tokens_per_req=k, is_draft_input=lambda: False),
     )
 
@@ -341,12 +343,13 @@ def _unpinned_tensor():
     return mock.patch.object(torch, "tensor", tensor)
 
 
-def _verify_rows(bs, k, attn_tp):
+def _prepare(bs, k, attn_tp, mode="TARGET_VERIFY", gathered=None, dp_rank=0, server_k=None):
     import sglang.srt.model_executor.forward_batch_info as fbi
 
-    fb = _verify_batch(bs, k)
+    fb = _verify_batch(bs, k, mode, gathered)
     with ExitStack() as stack:
-        sa = _context(stack, dp_size=2, attn_tp=attn_tp, cuda_graph_config=_graph_config(None), **_speculative(k))
+        sa = _context(stack, dp_rank=dp_rank, dp_size=2, attn_tp=attn_tp, cuda_graph_config=_graph_config(None),
+                      **_speculative(server_k or k))
         runner = SimpleNamespace(
             server_args=sa, is_draft_worker=False, model_config=SimpleNamespace(hf_config=SimpleNamespace()),
             attn_backend=SimpleNamespace(get_cuda_graph_seq_len_fill_value=lambda: 1))
@@ -354,6 +357,11 @@ def _verify_rows(bs, k, attn_tp):
         stack.enter_context(mock.patch.object(fbi, "set_dp_buffer_len", lambda *a, **kw: None))
         stack.enter_context(mock.patch.object(fbi, "mambaish_config", lambda *a, **kw: None))
         fb.prepare_mlp_sync_batch(runner)
+    return fb
+
+
+def _verify_rows(bs, k, attn_tp):
+    fb = _prepare(bs, k, attn_tp)
     rows = fb.input_ids.shape[0]
     return {"ok": rows == fb.batch_size * k,
             "detail": f"{rows} padded rows, batch_size {fb.batch_size} x k {k} = {fb.batch_size * k}"}
@@ -372,6 +380,17 @@ def verify_padding_k6_attn_tp4():
 @scenario
 def verify_padding_k4_attn_tp8():
     return _verify_rows(bs=1, k=4, attn_tp=8)  # guard: the seed's k = 4
+
+
+@scenario
+def verify_padding_ranks_agree_draft_decode():
+    # Guard: attn_tp 2, k 3, draft decode (1 token a request, 4 requests) on a busy and an idle DP rank:
+    # both pad the gathered list alike and the busy rank keeps 4 requests.
+    busy = _prepare(4, 1, 2, "DECODE", gathered=[4, 0], dp_rank=0, server_k=3)
+    idle = _prepare(0, 1, 2, "IDLE", gathered=[4, 0], dp_rank=1, server_k=3)
+    lists = [busy.global_num_tokens_cpu, idle.global_num_tokens_cpu]
+    return {"ok": lists[0] == lists[1] and busy.batch_size == 4 and busy.input_ids.shape[0] == 4,
+            "detail": f"padded lists {lists[0]} / {lists[1]} (busy / idle rank); busy rank batch_size {busy.batch_size}"}
 
 
 # ---------------------------------------------------------------- seed 000 fixes 1, 3, 4 (guards)

@@ -288,14 +288,15 @@ def c_graph_engine(engine_pool, model, key, disable=()):
     return engine_pool.get(key, with_graphs(preset_c(model), disable=disable))
 
 
-def per_rank_results(engine, model, n=9):
-    """{rank: [(prompt, out)]}: each prompt pinned to each DP rank, alone, then all at once."""
+def per_rank_results(engine, model, n=9, copies=1):
+    """{rank: [(prompt, out)]}: each prompt pinned to each DP rank, alone, then all at once
+    (`copies` times each, so a DP rank runs 2 x copies requests together)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import generate
     from test_engine_single import prompts
 
-    jobs = [(ids, rank) for rank in DP_RANKS for ids in prompts(model)]
+    jobs = [(ids, rank) for rank in DP_RANKS for ids in prompts(model) for _ in range(copies)]
     res = {rank: [] for rank in DP_RANKS}
     for ids, rank in jobs[:2]:
         res[rank].append((ids, generate(engine, ids, n, routed_dp_rank=rank)))
@@ -497,6 +498,88 @@ def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, 
     rows = [int(n) for n in BUFFER_ROWS.findall(log)]
     assert 16 in rows and max(rows) >= 24, rows
     assert ranks_replaying(log) == set(DP_RANKS)
+    for rank, outs in res.items():
+        for ids, out in outs:
+            assert out["meta_info"]["dp_rank"] == rank
+            assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+            assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"
+
+
+# `verify-padding-lcm`: 8 running requests (4 a DP rank) make the draft's eager buffer registry 4 rows,
+# ceil_align(4, attn_tp 2). The hook's first version aligned every speculative batch to lcm(2, 3) = 6,
+# draft decode (1 token a request) included; the test re-installs it in the engine's processes through
+# a sitecustomize shim (test-only, nothing in the product reads it).
+LCM_ARGS = ["--chunked-prefill-size", "16", "--max-running-requests", "8"]
+DRAFT_ROWS_OVERFLOW = "The size of tensor a (4) must match the size of tensor b (6)"
+OLD_LCM_HOOK = """
+from sglang_patches.fixes import verify_padding_lcm
+
+
+def _server_wide_k(forward_batch):
+    from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+    return max_speculative_num_draft_tokens()
+
+
+verify_padding_lcm.request_width = _server_wide_k
+"""
+
+
+def lcm_engine_opts(model, shim_dir=None):
+    from dataclasses import replace
+
+    opts = with_graphs(preset_c(model))
+    env = dict(opts.env)
+    if shim_dir:
+        with open(os.path.join(shim_dir, "sitecustomize.py"), "w") as f:
+            f.write(OLD_LCM_HOOK)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (shim_dir, os.environ.get("PYTHONPATH")) if p)
+    return replace(opts, env=env, extra_args=[*opts.extra_args, *LCM_ARGS])
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1500)
+def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine_pool, tiny_match_model):
+    """The hook's first version (every speculative batch aligned to lcm(attn_tp 2, k 3) = 6): the first
+    request's draft decode pads 1 token a request to 6 rows, more than the draft's 4-row eager registry,
+    and every scheduler dies in `fill_from`."""
+    import time
+
+    import requests
+
+    from conftest import generate
+    from test_engine_single import prompts
+
+    eng = engine_pool.get("c-graphs-old-lcm", lcm_engine_opts(tiny_match_model, shim_dir=str(tmp_path)))
+    assert "verify-padding-lcm" in eng.active_fixes()
+    with pytest.raises(requests.RequestException):   # the engine drops the connection
+        generate(eng, prompts(tiny_match_model)[0], 9, routed_dp_rank=0)
+    log = eng.log_text()
+    assert "RuntimeError: " + DRAFT_ROWS_OVERFLOW in log
+    assert "in _draft_forward_idle" in log and "in fill_from" in log
+    for _ in range(75):   # SGLang waits 60 s for CUDA core dumps before it takes the server down
+        if not eng.alive():
+            break
+        time.sleep(2)
+    assert not eng.alive()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_c_verify_padding_lcm_leaves_draft_decode_alone(engine_pool, tiny_match_model):
+    """The same engine with the hook as shipped (only batches whose requests are k tokens wide are
+    aligned to 6): 4 requests a DP rank at once, verify replays on both ranks, tokens and routed
+    experts equal transformers on every rank and token."""
+    from conftest import hf_greedy
+
+    eng = engine_pool.get("c-graphs-lcm", lcm_engine_opts(tiny_match_model))
+    assert "verify-padding-lcm" in eng.active_fixes()
+    res = per_rank_results(eng, tiny_match_model, copies=2)
+    log = eng.log_text()
+    assert DRAFT_ROWS_OVERFLOW not in log
+    assert ranks_replaying(log) == set(DP_RANKS)
+    assert REPLAY_LINE.format(key=4, mode="TARGET_VERIFY", raw=4) in log, "no rank verified 4 requests at once"
     for rank, outs in res.items():
         for ids, out in outs:
             assert out["meta_info"]["dp_rank"] == rank

@@ -19,13 +19,14 @@ FIX_SCENARIOS = {
         "routed_experts_rows_unchunked",
     ],
     "draft-extend-real-rows": ["draft_extend_real_rows"],
-    "verify-padding-lcm": ["verify_padding_k3_attn_tp8", "verify_padding_k6_attn_tp4"],
+    "verify-padding-lcm": ["verify_padding_k3_attn_tp8", "verify_padding_k6_attn_tp4", "verify_padding_ranks_agree_verify"],
 }
 GUARD_SCENARIOS = [
     "capturer_extent_eager_prefix_sum",
     "routed_experts_rows_default",
     "draft_extend_unpadded_untouched",
     "verify_padding_k4_attn_tp8",
+    "verify_padding_ranks_agree_draft_decode",  # the lcm alignment leaves draft decode (1 token a request) alone
     "capture_snapshot_overlap",  # capture-snapshot: upstream in 0.5.23 (sglang#34319)
 ]
 
@@ -56,6 +57,32 @@ def test_draft_extend_real_rows(dp_results):
 
 def test_verify_padding_lcm(dp_results):
     _check_fix(dp_results, "verify-padding-lcm")
+
+
+def test_verify_padding_lcm_pads_by_the_batch_width_alike_on_idle_ranks(dp_results):
+    """attn_tp 2, k 3, a busy and an idle DP rank: verify lists pad to lcm 6 on both ranks; draft decode
+    (1 token a request) keeps SGLang's own [4, 4] on both (the first version made it [6, 6]: 6 rows
+    for 4 requests, more than the draft's eager registry holds)."""
+    res = dp_results["plugin"]
+    assert res["verify_padding_ranks_agree_verify"]["detail"] == (
+        "padded lists [6, 6] / [6, 6] (busy / idle rank); busy rank 6 rows, batch_size 2 x 3")
+    assert res["verify_padding_ranks_agree_draft_decode"]["detail"] == (
+        "padded lists [4, 4] / [4, 4] (busy / idle rank); busy rank 4 rows, batch_size 4 x 1")
+    assert dp_results["none"]["verify_padding_ranks_agree_verify"]["detail"] == (
+        "padded lists [4, 4] / [4, 4] (busy / idle rank); busy rank 4 rows, batch_size 1 x 3")
+
+
+@pytest.mark.parametrize("tp, k, topk, needed", [
+    (4, 3, 1, True),    # configuration (c): attn_tp 2, 3 draft tokens
+    (16, 4, 1, False),  # attn_tp 8, k 4 (the shipped GPU setting): whole requests already
+    (4, 4, 3, True),    # attn_tp 2, k 4, top-k 3: draft decode carries 3 tokens a request
+])
+def test_verify_padding_lcm_needed(tp, k, topk, needed):
+    from sglang_patches.fixes.verify_padding_lcm import needed as fix_needed
+
+    args = {"tp_size": tp, "dp_size": 2, "enable_dp_attention": True, "speculative_algorithm": "EAGLE",
+            "speculative_num_draft_tokens": k, "speculative_eagle_topk": topk}
+    assert fix_needed(args) is needed
 
 
 @pytest.mark.parametrize("name", GUARD_SCENARIOS)

@@ -5,10 +5,10 @@ Hooks whose code differs from 0.5.23 live in this package's submodules (one per 
 the fix module's shared logic. slime's patches change none of the hooked functions (same
 fingerprints on both variants); they are told apart by `ModelRunner.forward` (registry.VARIANTS).
 """
-from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce
+from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce, verify_padding_lcm as vpl
 from sglang_patches.registry import Hook, Port
 
-from . import draft_extend_real_rows as de, routed_experts_rows as rer, verify_padding_lcm as vpl
+from . import draft_extend_real_rows as de, routed_experts_rows as rer
 
 STOCK, SLIME = "0.5.15.post1", "0.5.15.post1+slime"
 RE_INIT = "sglang.srt.state_capturer.routed_experts.RoutedExpertsCapturer.__init__"

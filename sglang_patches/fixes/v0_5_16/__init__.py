@@ -10,11 +10,11 @@ ServerArgs; `dp_size` stays the DP width), no real-rows path for padded extends
 it ready without `replan_equivalent`, so it is never re-planned). `capturer-extent` keeps 0.5.23's
 hooks: both targets have 0.5.23's signatures and every caller passes `padded_num_tokens` by keyword.
 """
-from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce
+from sglang_patches.fixes import capture_snapshot as cs, capturer_extent as ce, verify_padding_lcm as vp
 from sglang_patches.fixes.v0_5_15 import draft_extend_real_rows as de
 from sglang_patches.registry import Hook, Port
 
-from . import routed_experts_rows as rr, verify_padding_lcm as vp
+from . import routed_experts_rows as rr
 
 V = "0.5.16"
 MATRIX = "tests/test_version_matrix.py::test_fix_on_variant"
