@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 from dp_scenarios import SNAPSHOT_STOCK, _expect, capture_snapshot_overlap
-from guard_scenarios import health_generate_codes, verify_logits_rows
+from guard_scenarios import health_generate_codes, ranks_agree_draft_decode, verify_logits_rows
 from scenario_runner import main, registry
 
 SCENARIOS, scenario = registry()
@@ -384,13 +384,7 @@ def verify_padding_k4_attn_tp8():
 
 @scenario
 def verify_padding_ranks_agree_draft_decode():
-    # Guard: attn_tp 2, k 3, draft decode (1 token a request, 4 requests) on a busy and an idle DP rank:
-    # both pad the gathered list alike and the busy rank keeps 4 requests.
-    busy = _prepare(4, 1, 2, "DECODE", gathered=[4, 0], dp_rank=0, server_k=3)
-    idle = _prepare(0, 1, 2, "IDLE", gathered=[4, 0], dp_rank=1, server_k=3)
-    lists = [busy.global_num_tokens_cpu, idle.global_num_tokens_cpu]
-    return {"ok": lists[0] == lists[1] and busy.batch_size == 4 and busy.input_ids.shape[0] == 4,
-            "detail": f"padded lists {lists[0]} / {lists[1]} (busy / idle rank); busy rank batch_size {busy.batch_size}"}
+    return ranks_agree_draft_decode(_prepare)  # guard
 
 
 # ---------------------------------------------------------------- seed 000 fixes 1, 3, 4 (guards)
