@@ -265,8 +265,13 @@ def test_workers_are_relisted_every_step():
             srv.stop()
 
 
-def test_router_without_workers_fails_the_step_with_one_line():
+def test_router_without_workers_fails_the_step_with_one_line(monkeypatch):
+    """The recorded router answers `POST /workers` with 202 (queued): the list is re-read for a while
+    (here 0.5 s) before the step fails."""
     from rollout.manager import EnginesLost
+    from rollout.slime.attach import WorkerDispatcher
+    assert ROUTER_FACT["register"] == "POST /workers 202"
+    monkeypatch.setattr(WorkerDispatcher, "empty_wait_s", 0.5)
     router = StandInRouter([]).start()
     try:
         slime_adapter.reset()
@@ -275,6 +280,24 @@ def test_router_without_workers_fails_the_step_with_one_line():
     finally:
         slime_adapter.reset()
         router.stop()
+
+
+def test_a_worker_registered_while_attaching_is_waited_for():
+    """slime registers each engine with POST /workers (202, added in the background) just before the
+    first rollout: an empty list at attach time is re-read, not a failure."""
+    w = StandInWorker().start()
+    router = StandInRouter([]).start()
+    timer = threading.Timer(1.0, lambda: router.workers.append((w.url, "regular")))
+    timer.start()
+    try:
+        slime_adapter.reset()
+        out = _worker_rollout(router, 0, [[1, 2]])
+        assert w.requests and all(s.rollout_routed_experts is not None for s in out.samples[0])
+    finally:
+        timer.cancel()
+        slime_adapter.reset()
+        router.stop()
+        w.stop()
 
 
 def test_prefill_decode_workers_are_reached_through_the_router():

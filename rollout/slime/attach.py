@@ -141,24 +141,32 @@ class WorkerDispatcher(Dispatcher):
     synced_at = 0.0
     _sync = None
 
-    async def sync(self, max_age_s: float = 0.0) -> None:
+    empty_wait_s = 60.0   # the router registers workers in the background (POST /workers answers 202)
+
+    async def sync(self, max_age_s: float = 0.0, wait_s: float | None = None) -> None:
         """Re-list the router's workers: admit new ones, remove gone ones (their requests are re-sent).
+        An empty list is re-read for up to `wait_s` (default `empty_wait_s`) before samples fail.
         With prefill/decode workers only (PD disaggregation) the router stays the one slot: only it pairs them."""
         if time.monotonic() - self.synced_at < max_age_s:
             return
         if self._sync is None or self._sync.done():
-            self._sync = asyncio.ensure_future(self._relist())
+            wait = self.empty_wait_s if wait_s is None else wait_s
+            self._sync = asyncio.ensure_future(self._relist(time.monotonic() + wait))
         await asyncio.shield(self._sync)
 
     async def relist(self, engine=None) -> None:
         """After a connection error: slime may have removed (health monitor) or replaced the worker."""
         try:
-            await self.sync(max_age_s=1.0)
+            await self.sync(max_age_s=1.0, wait_s=0.0)
         except RuntimeError:
             pass
 
-    async def _relist(self) -> None:
-        workers = await list_workers(self.session, self.router)
+    async def _relist(self, until: float) -> None:
+        while True:
+            workers = await list_workers(self.session, self.router)
+            if workers or time.monotonic() >= until:
+                break
+            await asyncio.sleep(0.5)
         self.listed = tuple(w["url"] for w in workers if w.get("url"))
         want = [w["url"] for w in workers if w.get("url") and w.get("worker_type", "regular") == "regular"
                 and w.get("is_healthy", True)]
