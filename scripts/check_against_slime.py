@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from types import SimpleNamespace
 
 
@@ -107,36 +108,56 @@ def train_data(args, samples, plugin=False):
                   f"{[tuple(x.shape) for x in re][:2]}")
 
 
+def _blob(data) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"]}, fh)
+    return fh.name
+
+
+def _child(argv) -> dict:
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
+                                                                           os.environ.get("PYTHONPATH", "")])))
+    if proc.returncode:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def replay(data):
     """slime's prepare_routed_experts_for_routing_replay on the converted data (tests/test_slime_real.py's
     worker: megatron-core parallel state on gloo, one rank)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"]}, fh)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker",
-                           fh.name], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    os.unlink(fh.name)
-    if proc.returncode:
-        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    path = _blob(data)
+    res = _child([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker", path])
+    os.unlink(path)
     rows = sum(len(t) for t in data["tokens"])
     if res["shape"][0] != rows or not res["equal_to_captured"]:
         raise AssertionError(f"replay tensor {res} for {rows} token rows")
     return f"replay tensor {res['shape']}, equal to the captured rows"
 
 
+VERSUS_HF = """
+import json, sys
+from conftest import hf_router_topk
+blob = json.load(open(sys.argv[2]))
+bad, rows = [], 0
+for tokens, re in zip(blob["tokens"], blob["experts"]):
+    for layer, want in hf_router_topk(sys.argv[1], tokens[:-1]).items():
+        if [sorted(r[layer]) for r in re] != want:
+            bad.append(layer)
+    rows += len(tokens) - 1
+print(json.dumps({"rows": rows, "bad_layers": sorted(set(bad))}))
+"""
+
+
 def versus_transformers(model_path, data):
-    """Every MoE layer's routed experts equal transformers' router top-k on the same tokens."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from conftest import hf_router_topk
-    rows = 0
-    for tokens, re in zip(data["tokens"], data["rollout_routed_experts"]):
-        hf = hf_router_topk(model_path, tokens[:-1])
-        for layer, want in hf.items():
-            got = [sorted(r) for r in re[:, layer, :].tolist()]
-            if got != want:
-                raise AssertionError(f"layer {layer}: {got[:3]} != transformers {want[:3]}")
-        rows += len(tokens) - 1
-    return f"{rows} token rows x {len(hf)} MoE layers"
+    """Every MoE layer's routed experts equal transformers' router top-k on the same tokens (run with this
+    project's venv: the transformers its tests use)."""
+    path = _blob(data)
+    res = _child([os.path.join(ROOT, ".venv", "bin", "python"), "-c", VERSUS_HF, model_path, path])
+    os.unlink(path)
+    if res["bad_layers"]:
+        raise AssertionError(f"MoE layers {res['bad_layers']} differ from transformers' router")
+    return f"{res['rows']} token rows, every MoE layer"
 
 
 def step(name, fn):
@@ -182,7 +203,15 @@ def main(config, model_path, addrs):
         return [f"rank {e.rank}: node_rank {e.node_rank}" for e in engines]
     step("SGLangEngine.init x %d (server-args check, router registration)" % len(infos), attach)
     router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    step("router /workers", lambda: [w["url"] for w in httpx.get(router + "/workers", timeout=30).json()["workers"]])
+
+    def registered():   # the router adds workers in the background (POST /workers answers 202)
+        for _ in range(60):
+            urls = [w["url"] for w in httpx.get(router + "/workers", timeout=30).json()["workers"]]
+            if len(urls) >= len(infos):
+                return urls
+            time.sleep(0.5)
+        raise AssertionError(f"slime's router lists {urls}, not the {len(infos)} engines slime registered")
+    step("router /workers (every engine registered)", registered)
     prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
     out = {}
     step("slime's own generate_rollout (managed mode, through slime's router)",
