@@ -2,8 +2,8 @@
 
 The router and its workers here are STAND-INs: small aiohttp servers; the worker answers `/generate` like
 SGLang does (`meta_info.output_token_logprobs`, `finish_reason`, base64 int32 `routed_experts`) and
-`/abort_request`; the router answers `/workers` as sglang-router 0.3.2 was recorded answering. Real SGLang engines are covered by the engine
-tests; this checks the slime-facing conversion, streaming, partial rollout and the R3 shape.
+`/abort_request`; the router answers `/workers` as sglang-router 0.3.2 was recorded answering. Real
+SGLang engines are covered by the engine tests; this checks the slime-facing conversion, streaming, partial rollout and the R3 shape.
 """
 import asyncio
 import json
