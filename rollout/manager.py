@@ -296,7 +296,8 @@ class RolloutManager:
         t0 = time.monotonic()
         full = asyncio.Event()
         resent0, unrouted0 = self.dispatcher.resent, self.dispatcher.unrouted_aborts
-        limit = max(1, math.ceil(self.concurrency * max(1, len(self.specs)) / self.n_samples)) * 2
+        engines = max(1, len(self.specs), len(self.dispatcher.slots))   # attached: no specs
+        limit = max(1, math.ceil(self.concurrency * engines / self.n_samples)) * 2
         gate = asyncio.Semaphore(limit)
         leftovers: list[Group] = []
 

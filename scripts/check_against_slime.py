@@ -6,8 +6,12 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
 1. managed mode: slime's `discover_external_engines`, slime's router (`_start_router`), and one
    `SGLangEngine` per address running slime's `init` -> `_init_external` (server-args comparison,
    router registration); then slime's own `generate_rollout` through that router and slime's
-   `_convert_samples_to_train_data` (R3 validation) on its output;
-2. plugin mode: `rollout.slime.generate_rollout` through the same router, slime's conversion again;
+   `_convert_samples_to_train_data` (R3 validation) on its output (no routed experts there is a [GAP] of
+   slime's path: the router build must forward return_routed_experts);
+2. plugin mode: `rollout.slime.generate_rollout` sends to the workers slime's router lists; its output
+   must carry routed experts, pass slime's conversion (R3 validation) and slime's replay preparation
+   (`prepare_routed_experts_for_routing_replay`, megatron-core on gloo, in a subprocess), and equal
+   transformers' router top-k on the same tokens;
 3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
 slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
 functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
@@ -17,8 +21,10 @@ the first failure.
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from types import SimpleNamespace
 
 
@@ -58,7 +64,9 @@ def slime_args(cfg, model_path, addrs):
         rollout_num_gpus_per_engine=g.gpus_per_engine, rollout_num_engines=len(addrs), sglang_pp_size=g.pp,
         sglang_dp_size=g.dp, sglang_ep_size=g.ep, seed=1234, offload_rollout=False, fp16=False,
         use_rollout_routing_replay=g.routed_experts, num_layers=m.num_layers, moe_router_topk=m.topk,
-        num_experts=m.num_experts, sglang_router_ip=None, sglang_router_port=None,
+        num_experts=m.num_experts, sglang_router_ip=None,
+        moe_layer_freq=[0] * m.first_k_dense_replace + [1] * (m.num_layers - m.first_k_dense_replace),
+        sglang_router_port=None,
         sglang_router_request_timeout_secs=3600, sglang_server_concurrency=r.concurrency_per_engine,
         use_distributed_post=False, rollout_global_dataset=True, n_samples_per_prompt=r.n_samples_per_prompt,
         rollout_batch_size=2, over_sampling_batch_size=2, rollout_temperature=r.sampling.temperature,
@@ -74,7 +82,11 @@ def slime_args(cfg, model_path, addrs):
         apply_chat_template_kwargs=None, eval_min_new_tokens=None, sglang_enable_deterministic_inference=False)
 
 
-def train_data(args, samples):
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_data(args, samples, plugin=False):
+    """slime's _get_rollout_data checks and _convert_samples_to_train_data (R3 validation under R3)."""
     from slime.observability.rollout_data_utils import validate_rollout_id_annotated
     from slime.ray.rollout import RolloutManager
     validate_rollout_id_annotated(samples)
@@ -85,14 +97,68 @@ def train_data(args, samples):
     data = mgr._convert_samples_to_train_data(samples)
     re = data.get("rollout_routed_experts") or []
     if args.use_rollout_routing_replay and not re:
-        GAPS.append("no routed experts reached slime: the router forwarded /generate without "
-                    "return_routed_experts (every PyPI sglang-router, 0.1.9-0.3.2, drops it: "
+        if plugin:
+            raise AssertionError(f"no routed experts in plugin mode: {[s.metadata for s in samples][:2]}")
+        GAPS.append("no routed experts reached slime's OWN generate_rollout: slime's router forwarded /generate "
+                    "without return_routed_experts (every PyPI sglang-router, 0.1.9-0.3.2, drops it: "
                     "scripts/probe_router_fields.py; slime's image installs zhuzilin/sgl-router's "
                     "0.3.2-9daabcd wheel from GitHub releases, which is not on PyPI)")
         print(f"[GAP] {GAPS[-1]}", flush=True)
-    return (f"{len(samples)} samples, status {sorted({s.status.value for s in samples})}, rollout_ids "
-            f"{data['rollout_ids']}, response_lengths {data['response_lengths']}, routed experts "
-            f"{[tuple(x.shape) for x in re][:2]}")
+    return data, (f"{len(samples)} samples, status {sorted({s.status.value for s in samples})}, rollout_ids "
+                  f"{data['rollout_ids']}, response_lengths {data['response_lengths']}, routed experts "
+                  f"{[tuple(x.shape) for x in re][:2]}")
+
+
+def _blob(data) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"]}, fh)
+    return fh.name
+
+
+def _child(argv) -> dict:
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
+                                                                           os.environ.get("PYTHONPATH", "")])))
+    if proc.returncode:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def replay(data):
+    """slime's prepare_routed_experts_for_routing_replay on the converted data (tests/test_slime_real.py's
+    worker: megatron-core parallel state on gloo, one rank)."""
+    path = _blob(data)
+    res = _child([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker", path])
+    os.unlink(path)
+    rows = sum(len(t) for t in data["tokens"])
+    if res["shape"][0] != rows or not res["equal_to_captured"]:
+        raise AssertionError(f"replay tensor {res} for {rows} token rows")
+    return f"replay tensor {res['shape']}, equal to the captured rows"
+
+
+VERSUS_HF = """
+import json, sys
+from conftest import hf_router_topk
+blob = json.load(open(sys.argv[2]))
+bad, rows = [], 0
+for tokens, re in zip(blob["tokens"], blob["experts"]):
+    for layer, want in hf_router_topk(sys.argv[1], tokens[:-1]).items():
+        if [sorted(r[layer]) for r in re] != want:
+            bad.append(layer)
+    rows += len(tokens) - 1
+print(json.dumps({"rows": rows, "bad_layers": sorted(set(bad))}))
+"""
+
+
+def versus_transformers(model_path, data):
+    """Every MoE layer's routed experts equal transformers' router top-k on the same tokens (run with this
+    project's venv: the transformers its tests use)."""
+    path = _blob(data)
+    res = _child([os.path.join(ROOT, ".venv", "bin", "python"), "-c", VERSUS_HF, model_path, path])
+    os.unlink(path)
+    if res["bad_layers"]:
+        raise AssertionError(f"MoE layers {res['bad_layers']} differ from transformers' router")
+    return f"{res['rows']} token rows, every MoE layer"
 
 
 def step(name, fn):
@@ -138,15 +204,32 @@ def main(config, model_path, addrs):
         return [f"rank {e.rank}: node_rank {e.node_rank}" for e in engines]
     step("SGLangEngine.init x %d (server-args check, router registration)" % len(infos), attach)
     router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    step("router /workers", lambda: [w["url"] for w in httpx.get(router + "/workers", timeout=30).json()["workers"]])
+
+    def registered():   # the router adds workers in the background (POST /workers answers 202)
+        for _ in range(60):
+            urls = [w["url"] for w in httpx.get(router + "/workers", timeout=30).json()["workers"]]
+            if len(urls) >= len(infos):
+                return urls
+            time.sleep(0.5)
+        raise AssertionError(f"slime's router lists {urls}, not the {len(infos)} engines slime registered")
+    step("router /workers (every engine registered)", registered)
     prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
     out = {}
-    step("slime's own generate_rollout (managed mode)",
-         lambda: train_data(args, out.setdefault("m", sglang_rollout.generate_rollout(args, 0, DataSource(prompts, 2))).samples))
+    step("slime's own generate_rollout (managed mode, through slime's router)",
+         lambda: train_data(args, sglang_rollout.generate_rollout(args, 0, DataSource(prompts, 2)).samples)[1])
     os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = config
-    step("rollout.slime.generate_rollout through slime's router (plugin mode)",
-         lambda: train_data(args, generate_rollout(args, 1, DataSource(prompts, 2)).samples))
+
+    def plugin():
+        out["p"], line = train_data(args, generate_rollout(args, 1, DataSource(prompts, 2)).samples, plugin=True)
+        return line
+    step("rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode), slime's conversion "
+         "+ R3 validation", plugin)
+    step("slime's replay preparation on plugin mode's routed experts", lambda: replay(out["p"]))
+    step("plugin mode's routed experts == transformers' router top-k", lambda: versus_transformers(model_path,
+                                                                                                 out["p"]))
     step("rollout.slime.generate_rollout(evaluation=True) -> slime's eval rollout", lambda: eval_step(args, prompts))
+    from rollout.slime import reset
+    reset()
 
 
 def eval_step(args, prompts):

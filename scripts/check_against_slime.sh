@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # slime's own code against `slime-moe-rollout serve` (managed mode) and the plugin adapter.
 #
-#   scripts/check_against_slime.sh SLIME_SRC
+#   scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC
 #
 # SLIME_SRC: a THUDM/slime checkout (tested: 624b824). SLIME_PYTHON (default /tmp/venv-slime/bin/python):
 # a Python whose SGLang slime supports (0.5.15.post1: slime's _compute_server_args needs a dataclass
 # ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router); e.g. a venv whose .pth
 # files put `pip install --no-deps --target DIR sglang==0.5.15.post1 transformers==5.12.1
 # tokenizers==0.22.2 pylatexenc sglang-router==0.3.2` before this project's venv. wandb, which slime only
-# imports, is replaced by a clearly named stub when missing. The engines run from this project's venv
-# (ENGINE_PYTHON, default .venv/bin/python); the script holds /tmp/engine.lock while they run.
+# imports, is replaced by a clearly named stub when missing. `serve` and its engines run from this
+# project's venv, or with --engine-env ENV from that environment of another reviewed SGLang version
+# (ENV/bin/python; scripts/setup_sglang_env.sh VERSION builds .venvs/sglang-VERSION), so the same checks
+# run against engines of each version. The script holds $ENGINE_LOCK (/tmp/engine.lock) while engines
+# run; ENGINE_LOCK= (empty) when the caller holds it already.
 set -euo pipefail
-SLIME_SRC=${1:?usage: scripts/check_against_slime.sh SLIME_SRC}
+USAGE="usage: scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC"
+ENGINE_PYTHON=${ENGINE_PYTHON:-}
+if [ "${1:-}" = "--engine-env" ]; then
+  [ -n "${2:-}" ] || { echo "error: --engine-env needs an environment directory; $USAGE" >&2; exit 2; }
+  ENGINE_PYTHON=$2/bin/python
+  [ -x "$ENGINE_PYTHON" ] || { echo "error: --engine-env $2: no $ENGINE_PYTHON" >&2; exit 2; }
+  shift 2
+fi
+SLIME_SRC=${1:?$USAGE}
 [ -d "$SLIME_SRC/slime" ] || { echo "error: $SLIME_SRC has no slime/ package" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -38,9 +49,13 @@ fi
 export PYTHONPATH="$ROOT:$ROOT/scripts:$SLIME_SRC:$STUBS"
 "$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null
 
-echo "serve: $CONFIG (engines: $("$ENGINE_PYTHON" -c 'import sglang; print("SGLang", sglang.__version__)' 2>/dev/null))"
-exec 9>/tmp/engine.lock   # the global engine lock, held by this script until it exits
-flock 9
+ENGINE_SGLANG=$(cd / && PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c 'import sglang; print(sglang.__version__)' 2>&1 | tail -1)
+echo "serve: $CONFIG (engines: SGLang $ENGINE_SGLANG from $ENGINE_PYTHON)"
+ENGINE_LOCK=${ENGINE_LOCK-/tmp/engine.lock}   # empty: the caller already holds it (e2e tests)
+if [ -n "$ENGINE_LOCK" ]; then
+  exec 9>"$ENGINE_LOCK"   # the global engine lock, held by this script until it exits
+  flock 9
+fi
 PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -m rollout.cli serve --config "$CONFIG" \
   --log-dir "$WORK/logs" > "$WORK/addrs" 2> "$WORK/serve.err" &
 SERVE_PID=$!

@@ -5,7 +5,8 @@
 Starts the router the way slime's `_start_router` does (`RouterArgs` + `launch_router` in a child
 process), registers one echo worker with slime's call (`POST /workers {"url", "worker_type"}`; older
 routers: `/add_worker`), sends one /generate with `return_routed_experts: true` and prints one JSON line:
-the router version, how registration went, and the keys the worker received.
+the router version, how registration went, the keys the worker received, and the router's
+`GET /workers` answer (tests/facts/sglang-router-*-workers.json are this line, recorded).
 """
 import json
 import multiprocessing
@@ -89,6 +90,7 @@ def main() -> dict:
             if r.status_code == 200 and RECEIVED:
                 break
             time.sleep(0.5)
+        listing = requests.get(base + "/workers", timeout=10).json()   # what slime's abort (and plugin mode) reads
     finally:
         proc.terminate()
         proc.join(3)
@@ -97,7 +99,7 @@ def main() -> dict:
     got = RECEIVED[-1] if RECEIVED else {}
     return {"router": getattr(sglang_router, "__version__", "?"), "register": register,
             "generate_reached_worker": bool(RECEIVED), "forwards_return_routed_experts": "return_routed_experts" in got,
-            "keys_received": sorted(got)}
+            "keys_received": sorted(got), "workers_listing": listing}
 
 
 if __name__ == "__main__":

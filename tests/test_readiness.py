@@ -38,6 +38,7 @@ def _fact(name):
 
 
 def _serve(mode: str, port: int) -> None:
+    started = time.monotonic()
     print(f"stand-in server: mode {mode}", flush=True)
     if mode == "exit":
         time.sleep(0.5)
@@ -65,7 +66,11 @@ def _serve(mode: str, port: int) -> None:
             if self.path == "/model_info":
                 return self._send(200, {"weight_version": "default"})
             if self.path == "/ready":
+                if mode == "no-ready":   # SGLang 0.5.15.post1 / 0.5.16: no such route (FastAPI's 404)
+                    return self._send(404, {"detail": "Not Found"})
                 return self._send(503 if mode == "hang" else 200)
+            if self.path == "/health_generate" and mode == "no-ready" and time.monotonic() < started + 1.0:
+                return self._send(503)   # their /health_generate while the server status is Starting
             if self.path == "/server_info":  # as recorded from real SGLang 0.5.23 (tests/facts/)
                 info = {"ok-0515": SERVER_INFO_0515, "ok-plain": None}.get(mode, _fact("dp-attn")["server_info"])
                 return self._send(200, info or _fact("dp-plain")["server_info"])
@@ -161,6 +166,26 @@ def test_exit_during_startup_names_phase_and_log(tmp_path):
     assert "phase 'HTTP up'" in msg and "budget 3 s" in msg and "exited with code 3" in msg
     assert "cannot load the model" in msg and any("cannot load" in ln for ln in ei.value.log_tail)
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("version", ["0.5.15.post1", "0.5.16"])
+def test_versions_without_a_ready_route(version):
+    """Fact of the real code: these versions' HTTP server has no /ready, and their /health_generate
+    answers 503 while the server status is Starting."""
+    import pathlib
+    env = pathlib.Path(__file__).resolve().parents[1] / ".venvs" / f"sglang-{version}"
+    src = list(env.glob("lib/python3*/site-packages/sglang/srt/entrypoints/http_server.py"))
+    if not src:
+        pytest.skip(f"{env} missing: scripts/setup_sglang_env.sh {version}")
+    text = src[0].read_text()
+    assert '@app.get("/ready")' not in text and '@app.get("/health_generate")' in text
+    assert "server_status == ServerStatus.Starting:\n        return Response(status_code=503)" in text
+
+
+def test_engine_without_a_ready_route_is_admitted_after_health_generate(tmp_path):
+    eng = _backend(tmp_path, "no-ready").start(_spec(_free_port()))
+    info = _run(eng)   # without the 404 rule: "phase 'server status Up' failed ... HTTP 404 on /ready"
+    assert info.dp_size >= 1
 
 
 def test_hang_in_a_phase_fails_within_its_budget(tmp_path):

@@ -1,17 +1,20 @@
-"""The slime adapter end to end: real RolloutManager + Dispatcher attached to a router URL.
+"""The slime adapter end to end: real RolloutManager + Dispatcher attached to the workers behind slime's router.
 
-The router here is a STAND-IN: a small aiohttp server answering `/generate` like SGLang does
-(`meta_info.output_token_logprobs`, `finish_reason`, base64 int32 `routed_experts`), `/workers` and
-`/abort_request` like slime's router and its workers. Real SGLang engines are covered by the engine
-tests; this checks the slime-facing conversion, streaming, partial rollout and the R3 shape.
+The router and its workers here are STAND-INs: small aiohttp servers; the worker answers `/generate` like
+SGLang does (`meta_info.output_token_logprobs`, `finish_reason`, base64 int32 `routed_experts`) and
+`/abort_request`; the router answers `/workers` as sglang-router 0.3.2 was recorded answering. Real
+SGLang engines are covered by the engine tests; this checks the slime-facing conversion, streaming, partial rollout and the R3 shape.
 """
 import asyncio
+import json
+import os
 import threading
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from aiohttp import web
+from loopback import start_app
 
 from rollout.slime import adapter as slime_adapter
 from rollout.routed_experts import MoELayout, encode_sglang
@@ -19,6 +22,9 @@ from rollout.slime import RolloutFnTrainOutput, Sample
 
 LAYOUT = MoELayout.from_first_k_dense(3, 1, 16, 4)   # the tiny GLM-4.5: 1 dense + 2 MoE layers, top-4 of 16
 HANG = 99   # a prompt starting with this token hangs until aborted (a straggler)
+FACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "facts")
+with open(os.path.join(FACTS, "sglang-router-0.3.2-workers.json")) as fh:
+    ROUTER_FACT = json.load(fh)
 
 
 def routes(tokens, start_len):
@@ -42,31 +48,46 @@ def encode_int32(values):
     return base64.b64encode(np.asarray(values, dtype=np.int32).tobytes()).decode()
 
 
-class StandInRouter:
+class _Server:
+    """A loopback aiohttp app in its own thread (slime calls the adapter synchronously)."""
+
     def __init__(self):
-        self.requests = []
-        self.aborted = None
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.ready = threading.Event()
 
     def _serve(self):
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.aborted = asyncio.Event()
         app = web.Application()
-        app.router.add_post("/generate", self.generate)
-        app.router.add_get("/workers", self.workers)
-        app.router.add_post("/abort_request", self.abort)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.add_routes(app)
+        self.runner, self.port = self.loop.run_until_complete(start_app(app))
+        self.url = f"http://127.0.0.1:{self.port}"
         self.ready.set()
         self.loop.run_forever()
 
-    async def workers(self, request):
-        return web.json_response({"workers": [{"url": f"http://127.0.0.1:{self.port}", "id": "w0"}]})
+    def start(self):
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class StandInWorker(_Server):
+    """An SGLang worker behind slime's router: /generate, /abort_request."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests = []
+        self.aborted = asyncio.Event()
+
+    def add_routes(self, app):
+        self.aborted = asyncio.Event()
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/abort_request", self.abort)
 
     async def abort(self, request):
         self.aborted.set()
@@ -94,15 +115,41 @@ class StandInRouter:
             meta["top_p_token_offsets"] = encode_int32(list(range(len(out) + 1)))
         return web.json_response({"text": text_of(out), "meta_info": meta})
 
-    def start(self):
-        self.thread.start()
-        self.ready.wait(10)
-        return self
 
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+class StandInRouter(_Server):
+    """slime's router as plugin mode uses it: `GET /workers` only, answered in the shape sglang-router 0.3.2
+    was recorded answering (tests/facts/sglang-router-0.3.2-workers.json); each entry is the recorded one
+    with the worker's URL and type. Its /generate is the real router's: it drops return_routed_experts
+    (recorded too), so a request sent here comes back without routed experts."""
+
+    def __init__(self, workers=()):
+        super().__init__()
+        self.workers = list(workers)   # [(url, worker_type)]: edit to register / remove workers
+        self.requests = []
+
+    def add_routes(self, app):
+        app.router.add_get("/workers", self.list_workers)
+        app.router.add_post("/generate", self.generate)
+
+    async def list_workers(self, request):
+        entries = [dict(ROUTER_FACT["workers_listing"]["workers"][0], url=u, worker_type=t, id=f"w{i}")
+                   for i, (u, t) in enumerate(self.workers)]
+        return web.json_response(dict(ROUTER_FACT["workers_listing"], workers=entries, total=len(entries)))
+
+    async def generate(self, request):
+        """Forward to the first regular worker without return_routed_experts (as recorded); with none
+        (prefill/decode stand-ins here), answer one token without routed experts."""
+        import aiohttp
+        body = await request.json()
+        self.requests.append(body)
+        regular = [u for u, t in self.workers if t == "regular"]
+        if regular:
+            fwd = {k: v for k, v in body.items() if k != "return_routed_experts"}
+            async with aiohttp.ClientSession() as session:
+                async with session.post(regular[0] + "/generate", json=fwd) as r:
+                    return web.json_response(await r.json())
+        return web.json_response({"text": "", "meta_info": {"finish_reason": {"type": "length"},
+                                                             "output_token_logprobs": [[-0.5, 1, None]]}})
 
 
 class StandInDataSource:
@@ -129,10 +176,14 @@ async def length_reward(args, sample):
 
 @pytest.fixture
 def router():
-    r = StandInRouter().start()
+    """slime's router with one worker registered; `router.worker` is where requests must go."""
+    w = StandInWorker().start()
+    r = StandInRouter([(w.url, "regular")]).start()
+    r.worker = w
     yield r
     slime_adapter.reset()
     r.stop()
+    w.stop()
 
 
 def _args(port, **kw):
@@ -177,10 +228,91 @@ def test_generate_rollout_returns_slime_groups(router):
             assert s.status == Sample.Status.TRUNCATED and s.weight_versions == ["7"]
             assert s.rollout_id is None          # slime: one id per rollout execution, not the step id
             assert s.response == text_of(s.tokens[len(prompt):])   # SGLang's text, verbatim
-    for r in router.requests:
+    for r in router.worker.requests:
         assert r["sampling_params"] == SLIME_SAMPLING and r["return_logprob"] is True
         assert r["return_routed_experts"] is True
     assert out.metrics["rollout/groups"] == 3
+    assert router.requests == []   # the router only said who its workers are
+
+
+def _worker_rollout(router, step, prompts):
+    slime_adapter._STATE["tokenizer"] = None
+    return slime_adapter.generate_rollout(_args(router.port, rollout_batch_size=len(prompts)), step,
+                                          StandInDataSource(prompts, 2))
+
+
+def test_workers_are_relisted_every_step():
+    """slime adds, restarts and removes engines through its router (`POST/DELETE /workers`): each step
+    sends only to the workers the router lists then."""
+    w1, w2, w3 = (StandInWorker().start() for _ in range(3))
+    router = StandInRouter([(w1.url, "regular"), (w2.url, "regular")]).start()
+    try:
+        slime_adapter.reset()
+        first = _worker_rollout(router, 0, [[1, 2], [3, 4], [5, 6], [7, 8]])
+        assert w1.requests and w2.requests and not w3.requests
+        router.workers = [(w2.url, "regular"), (w3.url, "regular")]   # w1 removed, w3 registered
+        n1 = len(w1.requests)
+        second = _worker_rollout(router, 1, [[9, 10], [11, 12], [13, 14], [15, 16]])
+        assert len(w1.requests) == n1 and w3.requests
+        for out in (first, second):
+            for g in out.samples:
+                for s in g:
+                    _check_sample(s, s.tokens[:2])
+        assert router.requests == []
+    finally:
+        slime_adapter.reset()
+        for srv in (router, w1, w2, w3):
+            srv.stop()
+
+
+def test_router_without_workers_fails_the_step_with_one_line(monkeypatch):
+    """The recorded router answers `POST /workers` with 202 (queued): the list is re-read for a while
+    (here 0.5 s) before the step fails."""
+    from rollout.manager import EnginesLost
+    from rollout.slime.attach import WorkerDispatcher
+    assert ROUTER_FACT["register"] == "POST /workers 202"
+    monkeypatch.setattr(WorkerDispatcher, "empty_wait_s", 0.5)
+    router = StandInRouter([]).start()
+    try:
+        slime_adapter.reset()
+        with pytest.raises(EnginesLost, match=r"slime's router http://127.0.0.1:\d+ lists no workers"):
+            _worker_rollout(router, 0, [[1, 2]])
+    finally:
+        slime_adapter.reset()
+        router.stop()
+
+
+def test_a_worker_registered_while_attaching_is_waited_for():
+    """slime registers each engine with POST /workers (202, added in the background) just before the
+    first rollout: an empty list at attach time is re-read, not a failure."""
+    w = StandInWorker().start()
+    router = StandInRouter([]).start()
+    timer = threading.Timer(1.0, lambda: router.workers.append((w.url, "regular")))
+    timer.start()
+    try:
+        slime_adapter.reset()
+        out = _worker_rollout(router, 0, [[1, 2]])
+        assert w.requests and all(s.rollout_routed_experts is not None for s in out.samples[0])
+    finally:
+        timer.cancel()
+        slime_adapter.reset()
+        router.stop()
+        w.stop()
+
+
+def test_prefill_decode_workers_are_reached_through_the_router():
+    """PD disaggregation: only slime's router pairs prefill and decode workers, so it stays the one slot
+    (and R3 then depends on the router build: the recorded 0.3.2 router drops return_routed_experts)."""
+    assert ROUTER_FACT["forwards_return_routed_experts"] is False
+    router = StandInRouter([("http://127.0.0.1:1", "prefill"), ("http://127.0.0.1:2", "decode")]).start()
+    try:
+        slime_adapter.reset()
+        out = _worker_rollout(router, 0, [[1, 2]])
+        assert len(router.requests) == 2
+        assert all(s.status == Sample.Status.FAILED for s in out.samples[0])   # no routed experts came back
+    finally:
+        slime_adapter.reset()
+        router.stop()
 
 
 def test_top_p_and_seeds_are_requested_as_slime_does(router):
@@ -189,9 +321,9 @@ def test_top_p_and_seeds_are_requested_as_slime_does(router):
     args = _args(router.port, rollout_top_p=0.9, sglang_enable_deterministic_inference=True, rollout_seed=42,
                  rollout_batch_size=1, rollout_stop=["</s>"], rollout_stop_token_ids=[2])
     out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
-    seeds = sorted(r["sampling_params"]["sampling_seed"] for r in router.requests)
+    seeds = sorted(r["sampling_params"]["sampling_seed"] for r in router.worker.requests)
     assert seeds == [42, 43]                        # rollout_seed + index in the group
-    sp = router.requests[0]["sampling_params"]
+    sp = router.worker.requests[0]["sampling_params"]
     assert sp["custom_params"] == {"return_top_p_token_ids": True} and sp["top_p"] == 0.9
     assert sp["stop"] == ["</s>"] and sp["stop_token_ids"] == [2]
     for s in out.samples[0]:
@@ -228,7 +360,7 @@ def test_straggler_is_aborted_and_returned_next_step(router):
     hang = [g for g in second.samples if g[0].tokens[0] == HANG][0]
     for s in hang:   # continued from its partial response: routed experts merged across the two requests
         _check_sample(s, [HANG, 3])
-    resumed = [r for r in router.requests if r["input_ids"][0] == HANG and r.get("routed_experts_start_len")]
+    resumed = [r for r in router.worker.requests if r["input_ids"][0] == HANG and r.get("routed_experts_start_len")]
     assert resumed, "the straggler was not continued with routed_experts_start_len"
 
 
@@ -244,7 +376,7 @@ def test_custom_generate_function(router):
     out = asyncio.run(call())
     assert out is s and s.response_length == 3 and s.tokens == [10, 11, 12, 13, 14, 15]
     assert tuple(s.rollout_routed_experts.shape) == (5, 3, 4)
-    assert router.requests[-1]["sampling_params"]["temperature"] == 0.0
+    assert router.worker.requests[-1]["sampling_params"]["temperature"] == 0.0
 
 
 def test_custom_generate_budget_is_the_total_response_length(router):
@@ -257,11 +389,11 @@ def test_custom_generate_budget_is_the_total_response_length(router):
                rollout_log_probs=[-0.1, -0.2], rollout_routed_experts=routes([10, 11, 12, 20, 21], 0))
     s.status = Sample.Status.ABORTED
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
-    assert router.requests[-1]["sampling_params"]["max_new_tokens"] == 1
+    assert router.worker.requests[-1]["sampling_params"]["max_new_tokens"] == 1
     assert s.response_length == 3 and s.rollout_log_probs == [-0.1, -0.2, -0.5]
-    sent = len(router.requests)
+    sent = len(router.worker.requests)
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
-    assert len(router.requests) == sent and s.status == Sample.Status.TRUNCATED and s.response_length == 3
+    assert len(router.worker.requests) == sent and s.status == Sample.Status.TRUNCATED and s.response_length == 3
 
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():

@@ -1,6 +1,8 @@
 """The slime adapter against a real SGLang CPU engine (configuration (a): tiny GLM-4.5 MoE, routed experts).
 
-The engine stands where slime's router would be (same /generate API). The tokenizer is the tiny
+slime's router is the discovery STAND-IN of test_slime_adapter.py (it answers `GET /workers` as
+sglang-router 0.3.2 was recorded answering) listing the real engine, which plugin mode then sends
+its requests to. The tokenizer is the tiny
 model's own (text prompts, as slime's data source gives them). slime's `rollout_routed_experts`
 built by the adapter must equal transformers' router top-k for every token and MoE layer.
 """
@@ -9,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import hf_router_topk
+from test_slime_adapter import StandInRouter
 
 from rollout.engines.engine_launch import preset
 from rollout.slime import RolloutFnTrainOutput, Sample
@@ -37,8 +40,9 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
     eng = engine_pool.get("a", preset("a", tiny_model))
     monkeypatch.setenv("SLIME_MOE_ROLLOUT_CONFIG", os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
     slime_adapter.reset()
+    router = StandInRouter([(f"http://{eng.opts.host}:{eng.opts.port}", "regular")]).start()
     args = SimpleNamespace(
-        sglang_router_ip=eng.opts.host, sglang_router_port=eng.opts.port, sglang_api_key=eng.api_key,
+        sglang_router_ip="127.0.0.1", sglang_router_port=router.port, sglang_api_key=eng.api_key,
         hf_checkpoint=tiny_model, n_samples_per_prompt=2, rollout_batch_size=2, sglang_server_concurrency=4,
         use_rollout_routing_replay=True, rollout_temperature=0.0, rollout_top_p=1.0, rollout_top_k=-1,
         rollout_max_response_len=6,
@@ -49,6 +53,8 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
                                                                       "rollout routing replay records experts"], 2))
     finally:
         slime_adapter.reset()
+        router.stop()
+    assert router.requests == []   # every request went to the engine itself
     assert isinstance(out, RolloutFnTrainOutput) and len(out.samples) == 2
     for group in out.samples:
         assert len(group) == 2 and group[0].tokens == group[1].tokens   # greedy: identical siblings

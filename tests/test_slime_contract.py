@@ -95,3 +95,50 @@ def test_router_address_from_either_slime_convention():
                                       sglang_model_routers={"default": ("10.0.0.2", 3002)})) == "http://10.0.0.2:3002"
     with pytest.raises(ValueError, match="no slime router address"):
         router_url(SimpleNamespace())
+
+
+# slime 624b824, what plugin mode's direct dispatch relies on:
+# - slime/rollout/sglang_rollout.py `abort`: `GET {router}/workers`, then `worker["url"] for worker in
+#   response["workers"]` -> abort_servers_until_idle(urls): the router is a worker registry slime lists;
+# - slime/backends/sglang_utils/sglang_engine.py: `_register_to_router` POSTs {"url", "worker_type"} to
+#   `{router}/workers`; `shutdown` DELETEs `{router}/workers/{id}`; `pause_generation` /
+#   `continue_generation` POST to `{server_host}:{server_port}` (the engine), never to the router;
+# - slime/ray/rollout.py `_start_router`: `disable_health_check = True` (the router never marks a worker
+#   unhealthy: slime's own health monitor kills and unregisters it).
+SLIME_ROUTER_CALLS = {
+    ("slime.rollout.sglang_rollout", "abort"): ["/workers\"", "response[\"workers\"]", "worker[\"url\"]"],
+    ("slime.backends.sglang_utils.sglang_engine", "SGLangEngine._register_to_router"):
+        ["/workers\"", "\"url\": worker_url", "\"worker_type\": self.worker_type"],
+    ("slime.backends.sglang_utils.sglang_engine", "SGLangEngine.pause_generation"):
+        ["{self.server_host}:{self.server_port}/pause_generation"],
+    ("slime.ray.rollout", "_start_router"): ["disable_health_check = True"],
+}
+# tests/facts/sglang-router-0.3.2-workers.json (scripts/probe_router_fields.py on the real router).
+ROUTER_WORKER_KEYS = {"id", "url", "worker_type", "is_healthy"}
+
+
+@pytest.mark.parametrize("where", list(SLIME_ROUTER_CALLS), ids=lambda w: w[1])
+def test_slime_uses_its_router_as_a_worker_registry(where):
+    module, qual = where
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        pytest.skip(f"slime is not importable ({e}): put a slime checkout on PYTHONPATH")
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    src = inspect.getsource(obj)
+    for needle in SLIME_ROUTER_CALLS[where]:
+        assert needle in src, f"slime's {qual} no longer has {needle!r}"
+
+
+def test_plugin_mode_sends_to_the_workers_the_router_lists():
+    """Routed experts must not depend on the router build: every PyPI sglang-router drops the field."""
+    import json
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "facts", "sglang-router-0.3.2-workers.json")) as fh:
+        fact = json.load(fh)
+    assert fact["forwards_return_routed_experts"] is False and "return_routed_experts" not in fact["keys_received"]
+    entry = fact["workers_listing"]["workers"][0]
+    assert ROUTER_WORKER_KEYS <= set(entry) and entry["worker_type"] == "regular"
+    from rollout.slime.attach import WorkerDispatcher
+    assert WorkerDispatcher.abort is not adapter.attach.Dispatcher.abort   # aborts every listed worker

@@ -267,6 +267,8 @@ async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool,
         return False, f"HTTP {status} on /model_info"
     if key == "server_up":
         status, _ = await _get(session, engine, "/ready", deadline)
+        if status == 404:   # SGLang 0.5.15.post1 / 0.5.16 have no /ready; their /health_generate answers
+            return True, "no /ready route"   # 503 while the server status is Starting (the next phase)
         return status == 200, f"HTTP {status} on /ready (server status not Up)"
     if key == "health_generate":
         return await _health_hedged(session, engine, deadline)

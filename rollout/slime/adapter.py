@@ -18,8 +18,9 @@ function) and returns its `RolloutFnEvalOutput`.
 `generate(args, sample, sampling_params, evaluation=False)` is slime's custom-generate contract for one
 sample; slime itself then applies its hooks and reward.
 
-The backend is a `RolloutManager` attached to slime's router (`attach.attach_router`); `set_backend()`
-injects another manager-like object (tests).
+The backend is a `RolloutManager` attached to the workers registered with slime's router
+(`attach.attach_workers`: the router only says who they are; they are re-listed every step, so engines
+slime restarts or removes are followed); `set_backend()` injects another manager-like object (tests).
 """
 from __future__ import annotations
 
@@ -84,10 +85,17 @@ def reset() -> None:
 def _ensure(args):
     if "backend" not in _STATE:
         layout = attach.moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
-        backend = _loop().run(attach.attach_router(args, layout))
+        backend = _loop().run(attach.attach_workers(args, layout))
         tokenizer = _STATE["tokenizer"] if "tokenizer" in _STATE else _load_tokenizer(args)
         set_backend(backend, tokenizer, layout)
     return _STATE["backend"], _STATE.get("tokenizer"), _STATE.get("layout")
+
+
+async def _relist(backend, max_age_s: float = 0.0) -> None:
+    """Follow the workers slime's router lists now (engines slime restarted, added or removed)."""
+    sync = getattr(getattr(backend, "dispatcher", None), "sync", None)
+    if sync is not None:
+        await sync(max_age_s)
 
 
 def _load_tokenizer(args):
@@ -254,6 +262,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
 
 
 async def _run(backend, sink, new_groups, tokenizer, pending, need):
+    await _relist(backend)
     prompts = [_prompt_ids(g[0], tokenizer) for g in new_groups]
     made: list = []   # manager group ids, in the order the manager creates the new groups
     orig = backend.new_group
@@ -335,6 +344,7 @@ async def generate(args, sample, sampling_params, evaluation=False):
 
     async def run():
         import copy
+        await _relist(backend, max_age_s=5.0)
         disp = copy.copy(backend.dispatcher)   # shares engines, slots and lock; other sampling params
         disp.sampling, disp.seeds = dict(disp.sampling, **params), None   # slime sent its own seed
         return await disp.run(ms)

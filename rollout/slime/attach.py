@@ -1,7 +1,8 @@
-"""Plugin mode's backend: a RolloutManager attached to slime's router, on one background event loop.
+"""Plugin mode's backend: a RolloutManager attached to the workers behind slime's router (the router is
+used for discovery only), on one background event loop.
 
 The request slime's own rollout sends is the one sent here: `sampling_from_args` builds the sampling
-params as slime's `GenerateState` does, `_RouterDispatcher` adds slime's per-sample `sampling_seed`
+params as slime's `GenerateState` does, `WorkerDispatcher` adds slime's per-sample `sampling_seed`
 (deterministic inference), asks for the continuation budget `max_new_tokens - response_length`, sends
 nothing when that is 0 (the sample is TRUNCATED), and keeps every answer's SGLang `text` and
 `meta_info` so the adapter can replay them through slime's `Sample.append_response_tokens`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 from rollout.dispatch import Dispatcher
 
@@ -76,14 +78,17 @@ def router_url(args) -> str:
     return f"http://{ip}:{port}"
 
 
-async def attach_router(args, layout):
-    """A RolloutManager with one admitted 'engine': slime's router (which balances over its workers)."""
+async def attach_workers(args, layout):
+    """A RolloutManager that sends to the workers registered with slime's router (one slot each).
+
+    The router is asked only who they are (`GET /workers`, as slime's own abort does): every PyPI
+    sglang-router drops `return_routed_experts` from /generate (scripts/probe_router_fields.py), and the
+    manager balances over the workers itself. slime pauses, updates and continues each engine directly
+    (`SGLangEngine.pause_generation` etc.), never through the router, so nothing slime expects is skipped.
+    """
     from rollout.manager import RolloutManager
     from training_configs.schema import HealthConfig, ReadinessBudgets
 
-    engines = max(1, int(getattr(args, "rollout_num_gpus", 1) or 1)
-                  // max(1, int(getattr(args, "rollout_num_gpus_per_engine", 1) or 1)))
-    capacity = int(getattr(args, "sglang_server_concurrency", 512)) * engines
     decode = None
     if getattr(args, "use_rollout_routing_replay", False):
         from rollout.routed_experts.validate import try_decode_compact
@@ -93,11 +98,17 @@ async def attach_router(args, layout):
 
     mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(),
                          sampling=sampling_from_args(args), n_samples=int(args.n_samples_per_prompt),
-                         concurrency=capacity, decode_routed=decode,
+                         concurrency=int(getattr(args, "sglang_server_concurrency", 512)), decode_routed=decode,
                          partial_rollout=bool(getattr(args, "partial_rollout", True)))
-    await mgr.attach([Endpoint("slime-router", router_url(args), getattr(args, "sglang_api_key", None))],
-                     dispatcher_cls=RouterDispatcher)
-    mgr.dispatcher.seeds = group_seeds(args)
+    await mgr.attach([], dispatcher_cls=WorkerDispatcher)
+    d = mgr.dispatcher
+    d.router, d.api_key, d.seeds = router_url(args), getattr(args, "sglang_api_key", None), group_seeds(args)
+    d.version_of, d.on_error = mgr._reported_version, d.relist
+    try:
+        await d.sync()
+    except BaseException:
+        await mgr.session.close()
+        raise
     return mgr
 
 
@@ -106,10 +117,72 @@ class Endpoint:
         self.name, self.url, self.api_key = name, url, api_key
 
 
-class RouterDispatcher(Dispatcher):
-    """The manager's dispatcher speaking slime's request rules through slime's router."""
+async def list_workers(session, router: str) -> list:
+    """slime's router's `GET /workers` -> its worker dicts (sglang-router 0.3.x: {"workers": [{"url",
+    "worker_type", "is_healthy", ...}], ...}; older builds: a plain list)."""
+    import aiohttp
+    try:
+        async with session.get(router + "/workers", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+        raise RuntimeError(f"slime's router {router} did not list its workers: {type(e).__name__}: {e}") from None
+    items = body.get("workers", []) if isinstance(body, dict) else body
+    return [w if isinstance(w, dict) else {"url": w} for w in items or []]
+
+
+class WorkerDispatcher(Dispatcher):
+    """The manager's dispatcher speaking slime's request rules straight to the workers behind slime's router."""
 
     seeds = None
+    router = ""
+    api_key = None
+    version_of = None          # async (endpoint) -> weight version it reports, or None
+    listed: tuple = ()          # every worker URL the router listed last (abort goes to all of them)
+    synced_at = 0.0
+    _sync = None
+
+    empty_wait_s = 60.0   # the router registers workers in the background (POST /workers answers 202)
+
+    async def sync(self, max_age_s: float = 0.0, wait_s: float | None = None) -> None:
+        """Re-list the router's workers: admit new ones, remove gone ones (their requests are re-sent).
+        An empty list is re-read for up to `wait_s` (default `empty_wait_s`) before samples fail.
+        With prefill/decode workers only (PD disaggregation) the router stays the one slot: only it pairs them."""
+        if time.monotonic() - self.synced_at < max_age_s:
+            return
+        if self._sync is None or self._sync.done():
+            wait = self.empty_wait_s if wait_s is None else wait_s
+            self._sync = asyncio.ensure_future(self._relist(time.monotonic() + wait))
+        await asyncio.shield(self._sync)
+
+    async def relist(self, engine=None) -> None:
+        """After a connection error: slime may have removed (health monitor) or replaced the worker."""
+        try:
+            await self.sync(max_age_s=1.0, wait_s=0.0)
+        except RuntimeError:
+            pass
+
+    async def _relist(self, until: float) -> None:
+        while True:
+            workers = await list_workers(self.session, self.router)
+            if workers or time.monotonic() >= until:
+                break
+            await asyncio.sleep(0.5)
+        self.listed = tuple(w["url"] for w in workers if w.get("url"))
+        want = [w["url"] for w in workers if w.get("url") and w.get("worker_type", "regular") == "regular"
+                and w.get("is_healthy", True)]
+        if not want and self.listed:
+            want = [self.router]
+        for name, slot in list(self.slots.items()):
+            if name not in want:
+                await self.remove(slot.engine)
+        for url in want:
+            if url not in self.slots:
+                ep = Endpoint(url, url, self.api_key)
+                await self.admit(ep, await self.version_of(ep) if self.version_of else None)
+        self.synced_at = time.monotonic()
+        async with self._cond:
+            self.closed_reason = None if want else f"slime's router {self.router} lists no workers"
+        self._wake_all()
 
     def budget_left(self, sample) -> int:
         return int(sample.max_new_tokens or self.sampling["max_new_tokens"]) - len(sample.response_ids)
@@ -135,21 +208,18 @@ class RouterDispatcher(Dispatcher):
         sample.outputs.append((len(sample.response_ids) - before, out.get("text", ""), meta))
 
     async def abort(self, rids_prefix=None):
-        """Abort stragglers on every worker behind the router (the router itself has no /abort_request)."""
+        """Abort stragglers on every worker the router listed (as slime's abort does; a router has no
+        /abort_request)."""
         import aiohttp
-        for slot in list(self.slots.values()):
+
+        from rollout.engines.readiness import auth_headers
+
+        async def one(url):
             try:
-                async with self.session.get(slot.engine.url + "/workers",
-                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    body = await r.json(content_type=None)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-                continue
-            items = body.get("workers", body) if isinstance(body, dict) else body
-            urls = [w.get("url") if isinstance(w, dict) else w for w in (items or [])]
-            for u in filter(None, urls):
-                try:
-                    async with self.session.post(u + "/abort_request", json={"abort_all": True},
-                                                 timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    pass
+                async with self.session.post(url + "/abort_request", json={"abort_all": True},
+                                             headers=auth_headers(self.api_key),
+                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+        await asyncio.gather(*(one(u) for u in self.listed or [s.engine.url for s in self.slots.values()]))
