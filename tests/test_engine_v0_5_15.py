@@ -1,7 +1,8 @@
-"""Real SGLang 0.5.15.post1 (slime's version) on CPU: configuration (a) with the CPU fix family's ports.
+"""Real SGLang 0.5.15.post1 (slime's version) and 0.5.16 (Miles') on CPU: configuration (a) with the CPU
+fix family's ports.
 
-The engine runs from the 0.5.15.post1 environment's python (`scripts/setup_sglang_env.sh
-0.5.15.post1`): this file's `__main__` is the child that launches it, generates and prints JSON;
+The engine runs from the version's environment's python (`scripts/setup_sglang_env.sh <version>`):
+this file's `__main__` is the child that launches it, generates and prints JSON;
 the test compares the routed experts with transformers' router in this (0.5.23) process.
 """
 import json
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV_PYTHON = os.path.join(REPO, ".venvs", "sglang-0.5.15.post1", "bin", "python")
+VERSIONS = ("0.5.15.post1", "0.5.16")
 CPU_FIXES = {"cpu-host-register", "cpu-cuda-synchronize", "cpu-torch-native-fill", "cpu-ep-native-moe"}
 
 
@@ -25,8 +26,9 @@ def run_child(model: str, prompts: list, budget_s: float, disable: str) -> dict:
     from conftest import generate
 
     from rollout.engines.engine_launch import launch, preset
+    from sglang_patches.registry import sglang_version
 
-    log = os.path.join(tempfile.mkdtemp(prefix="engine-v0_5_15-"), "engine-a.log")
+    log = os.path.join(tempfile.mkdtemp(prefix=f"engine-v{sglang_version()}-"), "engine-a.log")
     eng = launch(replace(preset("a", model), env={"SLIME_MOE_ROLLOUT_DISABLE": disable}), log)
     try:
         ready_s = eng.wait_ready(budget_s)
@@ -66,31 +68,64 @@ except RuntimeError as e:
 """
 
 
-def _needs_env():
-    if not os.path.exists(ENV_PYTHON):
-        pytest.skip(f"{ENV_PYTHON} missing: build it with scripts/setup_sglang_env.sh 0.5.15.post1")
+THREAD_BINDING = """
+import os, sys
+os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+if sys.argv[1] == "plugin":
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+from sglang.srt.utils import numa_utils
+from sglang.srt.utils.common import get_cpu_ids_by_node
+n = len(get_cpu_ids_by_node())
+try:  # as 0.5.16's ModelRunner.init_threads_binding calls it, one rank more than NUMA nodes
+    got = numa_utils.init_threads_binding(tp_rank=n, tp_size=n + 1)
+    cpus = {c for node in get_cpu_ids_by_node() for c in node.split(",")}
+    print("OK", set(got.split(",")) <= cpus)
+except AssertionError as e:
+    print("ERR", str(e).splitlines()[0])
+"""
+
+
+def env_python(version):
+    py = os.path.join(REPO, ".venvs", f"sglang-{version}", "bin", "python")
+    if not os.path.exists(py):
+        pytest.skip(f"{py} missing: build it with scripts/setup_sglang_env.sh {version}")
+    return py
+
+
+def run_snippet(version, code, mode):
+    env = dict(os.environ, PYTHONPATH=REPO, SGLANG_USE_CPU_ENGINE="1")
+    env.pop("SGLANG_PLUGINS", None)
+    return subprocess.run([env_python(version), "-c", code, mode], env=env, capture_output=True, text=True,
+                          timeout=280).stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_host_cache_unpinned_on_0_5_15():
-    """cpu-host-register on 0.5.15: BaseHostCache pins with torch.zeros itself; stock dies on CPU torch.
+@pytest.mark.parametrize("version", VERSIONS)
+def test_host_cache_unpinned(version):
+    """cpu-host-register on 0.5.15 / 0.5.16: BaseHostCache pins with torch.zeros itself; stock dies on CPU torch.
     The hook is scoped to the call and its thread: another thread still gets torch's refusal meanwhile."""
-    _needs_env()
-    env = dict(os.environ, PYTHONPATH=REPO, SGLANG_USE_CPU_ENGINE="1")
-    run = lambda mode: subprocess.run([ENV_PYTHON, "-c", HOST_CACHE, mode], env=env, capture_output=True,
-                                      text=True, timeout=280).stdout.strip().splitlines()[-1]
-    assert run("stock").startswith("ERR pin_memory=True requires a CUDA or other accelerator backend")
-    assert run("plugin") == "OK (4, 3, 2) [('refused', True)]"
+    assert run_snippet(version, HOST_CACHE, "stock").startswith(
+        "ERR pin_memory=True requires a CUDA or other accelerator backend")
+    assert run_snippet(version, HOST_CACHE, "plugin") == "OK (4, 3, 2) [('refused', True)]"
 
 
-def engine_a_on_0_5_15(model, prompts, disable=""):
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_thread_binding_on_0_5_16():
+    """cpu-thread-binding on 0.5.16: init_threads_binding(tp_rank=, tp_size=) asserts tp_size <= NUMA nodes
+    without SGLANG_CPU_OMP_THREADS_BIND; with the plugin each rank gets a share of the node's CPUs."""
+    assert "should be smaller than or equal to number of numa node" in run_snippet("0.5.16", THREAD_BINDING, "stock")
+    assert run_snippet("0.5.16", THREAD_BINDING, "plugin") == "OK True"
+
+
+def engine_a_on(version, model, prompts, disable=""):
     from conftest import ENGINE_BUDGET_S
 
-    _needs_env()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    p = subprocess.run([ENV_PYTHON, __file__, model, json.dumps(prompts), str(ENGINE_BUDGET_S), disable], env=env,
-                       capture_output=True, text=True, timeout=ENGINE_BUDGET_S + 300)
+    p = subprocess.run([env_python(version), __file__, model, json.dumps(prompts), str(ENGINE_BUDGET_S), disable],
+                       env=env, capture_output=True, text=True, timeout=ENGINE_BUDGET_S + 300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -98,11 +133,12 @@ def engine_a_on_0_5_15(model, prompts, disable=""):
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
-def test_a_routed_experts_match_transformers_on_0_5_15(tiny_model):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_routed_experts_match_transformers(tiny_model, version):
     from test_engine_single import check_routed, prompts
 
     ids = prompts(tiny_model)
-    got = engine_a_on_0_5_15(tiny_model, ids)
+    got = engine_a_on(version, tiny_model, ids)
     assert CPU_FIXES | {"capture-snapshot"} <= set(got["fixes"] or []), got["fixes"]
     for prompt, out in zip(ids, got["outs"]):
         check_routed(tiny_model, prompt, out)
@@ -121,7 +157,7 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
     from rollout.tiny_model import NUM_LAYERS, TOP_K
 
     ids = prompts(tiny_model)
-    got = engine_a_on_0_5_15(tiny_model, ids, disable="capture-snapshot")
+    got = engine_a_on("0.5.15.post1", tiny_model, ids, disable="capture-snapshot")
     assert "capture-snapshot" not in got["fixes"] and CPU_FIXES <= set(got["fixes"]), got["fixes"]
     for prompt, out in zip(ids, got["outs"]):
         full = list(prompt) + out["output_ids"]  # the last output token is forwarded by the overlap's extra step
@@ -140,5 +176,5 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
 if __name__ == "__main__":
     import sglang
 
-    assert sglang.__version__ == "0.5.15.post1", sglang.__version__
+    assert sglang.__version__ in VERSIONS, sglang.__version__
     print(json.dumps(run_child(sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4])))

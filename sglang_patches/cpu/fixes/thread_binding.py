@@ -42,7 +42,7 @@ def _node_cpus() -> list:
 def bind_ranks_on_shared_nodes(original, *args, **kwargs):
     import os
 
-    world_size = kwargs.get("world_size")
+    world_size = kwargs.get("world_size", kwargs.get("tp_size"))  # 0.5.16: (tp_rank=, tp_size=)
     if ENV not in os.environ and world_size is not None:
         from sglang.srt.utils.common import get_cpu_ids_by_node
 

@@ -52,14 +52,26 @@ def unpinned_host_cache(original, *args, **kwargs):
         return original(*args, **kwargs)
 
 
-def _port(module: str, digests: tuple, extra: tuple = (), extra_pins: dict = None) -> tuple:
+def _port(module: str, digests: tuple, extra: tuple = (), extra_pins: dict = None, version: str = V,
+          test: str = None) -> tuple:
+    """fix name, {version: 0.5.23's hooks (+ extra) pinned to `digests` (+ extra_pins)}."""
     fix = importlib.import_module(f"sglang_patches.cpu.fixes.{module}").FIX
     hooks = fix.ports["0.5.23"].hooks
     pins = dict(zip((h.target for h in hooks), digests), **(extra_pins or {}))
-    return fix.name, {V: Port(hooks=hooks + extra, fingerprints=pins, test=TEST)}
+    return fix.name, {version: Port(hooks=hooks + extra, fingerprints=pins, test=test or TEST)}
 
 
-TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers_on_0_5_15"
-PORTS = dict(_port(m, d) for m, d in PINS.items() if m != "host_register")
-PORTS.update([_port("host_register", PINS["host_register"], (Hook(HOST_CACHE_INIT, unpinned_host_cache),),
-                    {HOST_CACHE_INIT: "24c16491a52570c3"})])
+TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers[0.5.15.post1]"
+HOST_CACHE_PIN = {HOST_CACHE_INIT: "24c16491a52570c3"}
+
+
+def ports(version: str, test: str) -> dict:
+    """PINS' ports on `version` (same targets and sources as 0.5.15.post1), cpu-host-register with its
+    BaseHostCache hook."""
+    out = dict(_port(m, d, version=version, test=test) for m, d in PINS.items() if m != "host_register")
+    out.update([_port("host_register", PINS["host_register"], (Hook(HOST_CACHE_INIT, unpinned_host_cache),),
+                      HOST_CACHE_PIN, version, test)])
+    return out
+
+
+PORTS = ports(V, TEST)
