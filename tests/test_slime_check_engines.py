@@ -24,7 +24,7 @@ def _env_dir(version: str) -> str:
     return os.environ.get(key) or os.path.join(REPO, ".venvs", f"sglang-{version}")
 
 
-@pytest.mark.parametrize("version", ["0.5.15.post1"])
+@pytest.mark.parametrize("version", ["0.5.15.post1", "0.5.16"])
 def test_slime_checks_pass_against_engines_of(version):
     slime_src = os.environ.get("SLIME_SRC", "")
     slime_python = os.environ.get("SLIME_PYTHON", "/tmp/venv-slime/bin/python")
