@@ -65,6 +65,24 @@ def test_status_names_variant_and_is_all_good(variant):
     assert r.returncode == 0 and report["ok"], r.stderr
 
 
+# variant -> the CPU family's states in a CPU engine's process (SGLANG_USE_CPU_ENGINE=1)
+CPU_HOOKED = ("cpu-host-register", "cpu-cuda-synchronize", "cpu-eagle-attn-backend", "cpu-torch-native-fill",
+              "cpu-ep-native-moe", "cpu-gloo-scatter-gather", "cpu-gloo-stacked-allgather", "cpu-thread-binding")
+CPU_STATES = {"0.5.16": {**dict.fromkeys(CPU_HOOKED, "active"), "cpu-dp-controller-idle": "not-needed"}}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", list(CPU_STATES))
+def test_status_with_cpu_engine_is_all_good(variant):
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
+    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
+                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(env, SGLANG_USE_CPU_ENGINE="1"))
+    report = json.loads(r.stdout)
+    states = {f["name"]: f["state"] for f in report["fixes"] if f["family"] == "cpu"}
+    assert {n: s for n, s in states.items() if s != "idle"} == CPU_STATES[variant], states
+    assert r.returncode == 0 and report["ok"], r.stderr[-2000:]
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant", list(MATRIX))
 def test_plugin_registers_the_variant_fixes(variant):
