@@ -64,7 +64,10 @@ VARIANTS = (
             note="slime's image: the wheel + slime's docker/patch/latest/sglang*.patch"),
     Variant("0.5.16", "0.5.16", note="PyPI wheel, stock (Miles)"),
 )
-VERSION_PACKAGES = {"0.5.15.post1": ("sglang_patches.fixes.v0_5_15", "sglang_patches.cpu.fixes.v0_5_15"), "0.5.16": ("sglang_patches.fixes.v0_5_16", "sglang_patches.cpu.fixes.v0_5_16")}
+VERSION_PACKAGES = {
+    "0.5.15.post1": ("sglang_patches.fixes.v0_5_15", "sglang_patches.cpu.fixes.v0_5_15"),
+    "0.5.16": ("sglang_patches.fixes.v0_5_16", "sglang_patches.cpu.fixes.v0_5_16"),
+}
 HOOKLESS_STATES = ("upstream", "not-needed", "absent")
 
 
