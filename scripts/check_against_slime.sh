@@ -18,7 +18,8 @@ USAGE="usage: scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC"
 ENGINE_PYTHON=${ENGINE_PYTHON:-}
 if [ "${1:-}" = "--engine-env" ]; then
   [ -n "${2:-}" ] || { echo "error: --engine-env needs an environment directory; $USAGE" >&2; exit 2; }
-  ENGINE_PYTHON=$2/bin/python
+  [ -d "$2" ] || { echo "error: --engine-env $2: no such directory" >&2; exit 2; }
+  ENGINE_PYTHON=$(cd "$2" && pwd)/bin/python   # absolute: the version probe below runs from /
   [ -x "$ENGINE_PYTHON" ] || { echo "error: --engine-env $2: no $ENGINE_PYTHON" >&2; exit 2; }
   shift 2
 fi
