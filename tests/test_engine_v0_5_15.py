@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from test_version_matrix import python_of   # skips, or fails where make test requires the environment
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSIONS = ("0.5.15.post1", "0.5.16")
 CPU_FIXES = {"cpu-host-register", "cpu-cuda-synchronize", "cpu-torch-native-fill", "cpu-ep-native-moe"}
@@ -86,17 +88,10 @@ except AssertionError as e:
 """
 
 
-def env_python(version):
-    py = os.path.join(REPO, ".venvs", f"sglang-{version}", "bin", "python")
-    if not os.path.exists(py):
-        pytest.skip(f"{py} missing: build it with scripts/setup_sglang_env.sh {version}")
-    return py
-
-
 def run_snippet(version, code, mode):
     env = dict(os.environ, PYTHONPATH=REPO, SGLANG_USE_CPU_ENGINE="1")
     env.pop("SGLANG_PLUGINS", None)
-    return subprocess.run([env_python(version), "-c", code, mode], env=env, capture_output=True, text=True,
+    return subprocess.run([python_of(version), "-c", code, mode], env=env, capture_output=True, text=True,
                           timeout=280).stdout.strip().splitlines()[-1]
 
 
@@ -124,7 +119,7 @@ def engine_a_on(version, model, prompts, disable=""):
     from conftest import ENGINE_BUDGET_S
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    p = subprocess.run([env_python(version), __file__, model, json.dumps(prompts), str(ENGINE_BUDGET_S), disable],
+    p = subprocess.run([python_of(version), __file__, model, json.dumps(prompts), str(ENGINE_BUDGET_S), disable],
                        env=env, capture_output=True, text=True, timeout=ENGINE_BUDGET_S + 300)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -172,12 +172,10 @@ def test_exit_during_startup_names_phase_and_log(tmp_path):
 def test_versions_without_a_ready_route(version):
     """Fact of the real code: these versions' HTTP server has no /ready, and their /health_generate
     answers 503 while the server status is Starting."""
-    import pathlib
-    env = pathlib.Path(__file__).resolve().parents[1] / ".venvs" / f"sglang-{version}"
-    src = list(env.glob("lib/python3*/site-packages/sglang/srt/entrypoints/http_server.py"))
-    if not src:
-        pytest.skip(f"{env} missing: scripts/setup_sglang_env.sh {version}")
-    text = src[0].read_text()
+    from test_version_matrix import python_of   # skips, or fails where make test requires the environment
+
+    env = python_of(version).parents[1]
+    text = next(env.glob("lib/python3*/site-packages/sglang/srt/entrypoints/http_server.py")).read_text()
     assert '@app.get("/ready")' not in text and '@app.get("/health_generate")' in text
     assert "server_status == ServerStatus.Starting:\n        return Response(status_code=503)" in text
 

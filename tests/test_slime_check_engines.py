@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+from scenario_runner import env_python
+
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN_LINES = ("[ok] rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode)",
@@ -21,7 +23,7 @@ PLUGIN_LINES = ("[ok] rollout.slime.generate_rollout -> the workers slime's rout
 
 def _env_dir(version: str) -> str:
     key = "SLIME_CHECK_ENGINE_ENV_" + version.replace(".", "_").replace("+", "_")
-    return os.environ.get(key) or os.path.join(REPO, ".venvs", f"sglang-{version}")
+    return os.environ.get(key) or str(env_python(version).parents[1])
 
 
 @pytest.mark.parametrize("version", ["0.5.15.post1", "0.5.16"])

@@ -52,15 +52,20 @@ def results(variant):
     return _results[variant]
 
 
+def patches_status(variant, family, **env):
+    """(process, report, {fix: state} of `family`) of `patches status --json` in the variant's environment."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
+    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
+                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(clean, **env))
+    report = json.loads(r.stdout)
+    return r, report, {f["name"]: f["state"] for f in report["fixes"] if f["family"] == family}
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", list(MATRIX))
 def test_status_names_variant_and_is_all_good(variant):
-    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
-                       capture_output=True, text=True, timeout=280, cwd=ROOT,
-                       env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
-    report = json.loads(r.stdout)
+    r, report, states = patches_status(variant, "dp-attention")
     assert report["variant"] == variant, report["variant_problem"]
-    states = {f["name"]: f["state"] for f in report["fixes"] if f["family"] == "dp-attention"}
     assert states == expect(variant)["states"]
     assert r.returncode == 0 and report["ok"], r.stderr
 
@@ -74,11 +79,7 @@ CPU_STATES = {"0.5.16": {**dict.fromkeys(CPU_HOOKED, "active"), "cpu-dp-controll
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", list(CPU_STATES))
 def test_status_with_cpu_engine_is_all_good(variant):
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
-    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
-                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(env, SGLANG_USE_CPU_ENGINE="1"))
-    report = json.loads(r.stdout)
-    states = {f["name"]: f["state"] for f in report["fixes"] if f["family"] == "cpu"}
+    r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1")
     assert {n: s for n, s in states.items() if s != "idle"} == CPU_STATES[variant], states
     assert r.returncode == 0 and report["ok"], r.stderr[-2000:]
 
