@@ -17,7 +17,7 @@ envs: venv
 # The main job on its embedded default: fix status, then 2 real SGLang CPU engines stream a rollout.
 demo: venv
 	$(CLI) patches status
-	$(CLI) run --config training_configs/tiny-cpu.yaml --output rollouts.jsonl
+	$(CLI) run --config training_configs/tiny-cpu.yaml --output rollouts.jsonl --overwrite
 
 # The test suite (CPU). The heaviest engine configurations run in `make test-e2e`.
 test: venv envs
