@@ -105,7 +105,7 @@ class RolloutManager:
         self._abort_to: Optional[list] = None        # engines to abort on when the batch is full (default: admitted)
         self._listing: Optional[asyncio.Future] = None
         self._listed_at = 0.0
-        self.empty_wait_s = 60.0
+        self.empty_wait_s = 0.0                      # set by attach(discover=...)
 
     @classmethod
     def from_config(cls, cfg, backend, model_path: str, *, api_key=None, ports=None, **kw):

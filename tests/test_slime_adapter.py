@@ -391,9 +391,26 @@ def test_custom_generate_budget_is_the_total_response_length(router):
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
     assert router.worker.requests[-1]["sampling_params"]["max_new_tokens"] == 1
     assert s.response_length == 3 and s.rollout_log_probs == [-0.1, -0.2, -0.5]
+    # the rows slime held are continued, not asked for again, and merged by the same entry point
+    assert router.worker.requests[-1]["routed_experts_start_len"] == 4
+    assert np.array_equal(s.rollout_routed_experts.numpy(), routes(s.tokens, 0))
     sent = len(router.worker.requests)
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
     assert len(router.worker.requests) == sent and s.status == Sample.Status.TRUNCATED and s.response_length == 3
+
+
+def test_custom_generate_refuses_held_rows_that_are_not_routing(router):
+    """The rows slime holds go through the same checks as an answer's before they are continued."""
+    from rollout.routed_experts import RoutedExpertsError
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    held = routes([10, 11, 12, 20, 21], 0)
+    held[1, 0] = [1, 2, 3, 4]   # ids in the dense layer 0
+    s = Sample(prompt="", tokens=[10, 11, 12, 20, 21], response_length=2, loss_mask=[1, 1],
+               rollout_log_probs=[-0.1, -0.2], rollout_routed_experts=held)
+    with pytest.raises(RoutedExpertsError, match="dense layer 0 carries expert ids"):
+        asyncio.run(slime_adapter.generate(_args(router.port), s, {"max_new_tokens": 3}))
+    assert router.worker.requests == []
 
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():
