@@ -335,6 +335,25 @@ def test_partial_rollout_aborts_stragglers_and_continues_them_next_step():
         assert s.routed_experts.shape[0] == len(s.tokens) - 1
 
 
+def test_without_partial_rollout_stragglers_restart_under_their_ids():
+    """The caller keys its own records by group id (the slime adapter does): a carried group keeps its id
+    whether or not its tokens are kept; `drop_carried` forgets the carried groups."""
+    async def go():
+        backend = StandinBackend(slow_from=7)
+        async with make_manager(concurrency=8, max_new_tokens=40, backend=backend, partial=False) as mgr:
+            stream = GroupStream(maxsize=100)
+            made = [mgr.new_group(p) for p in prompts(6)]
+            await mgr.rollout(made, stream, batch_size=2)
+            carried = mgr.carried
+            dropped = mgr.drop_carried()
+            return made, carried, dropped, mgr.carried
+
+    made, carried, dropped, after = asyncio.run(go())
+    assert len(carried) == 4 and {g.group_id for g in carried} <= {g.group_id for g in made}
+    assert all(s.status is SampleStatus.PENDING and not s.response_ids for g in carried for s in g.samples)
+    assert [g.group_id for g in dropped] == [g.group_id for g in carried] and after == []
+
+
 def test_backpressure_no_drops_with_a_slow_consumer():
     async def go():
         async with make_manager(max_new_tokens=2) as mgr:
