@@ -184,7 +184,7 @@ class Dispatcher:
         A sample with no budget left is TRUNCATED without a request. `sampling`: see `payload`."""
         sample.t_submit = sample.t_submit or time.monotonic()
         if self.budget_left(sample) <= 0:
-            sample.status = SampleStatus.TRUNCATED
+            sample.status, sample.t_done = SampleStatus.TRUNCATED, time.monotonic()
             return sample
         retries = 0                    # consecutive re-sends of this call: the backoff exponent
         # Each attempt runs in this task (no extra task per request); remove() cancels this task and
