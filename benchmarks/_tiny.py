@@ -77,7 +77,7 @@ async def barrier_batch(mgr, prompts):
             eng = engines[rr[0] % len(engines)]
             rr[0] += 1
             body = {"input_ids": p, "sampling_params": sampling, "return_logprob": True,
-                    "return_routed_experts": mgr.decode_routed is not None, "rid": f"barrier-{time.monotonic_ns()}-{k}-{i}"}
+                    "return_routed_experts": mgr.routed_experts, "rid": f"barrier-{time.monotonic_ns()}-{k}-{i}"}
             async with mgr.session.post(eng.url + "/generate", json=body, headers=auth_headers(eng.api_key),
                                         timeout=aiohttp.ClientTimeout(total=600)) as r:
                 out = await r.json()
@@ -103,7 +103,7 @@ async def streamed_batch(mgr, prompts):
         async for g in stream:
             arrivals.append(time.monotonic() - t0)
             tokens[0] += sum(len(s.response_ids) for s in g.samples)
-            assert all(s.routed_experts is not None for s in g.samples) or mgr.decode_routed is None
+            assert all(s.routed_experts is not None for s in g.samples) or not mgr.routed_experts
 
     c = asyncio.create_task(consume())
     res = await mgr.rollout(prompts, stream, batch_size=len(prompts))

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
 from _tiny import one_engine_config, started_manager  # noqa: E402
 
-from rollout.states import EngineEvent  # noqa: E402
+from rollout.types import EngineEvent  # noqa: E402
 
 SLIME_HEALTH_INTERVAL_S = 30.0  # slime/utils/arguments.py: --rollout-health-check-interval default
 SLIME_HEALTH_TIMEOUT_S = 30.0   # --rollout-health-check-timeout default

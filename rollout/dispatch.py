@@ -7,7 +7,11 @@ from scratch; a sample yields exactly one result however many attempts it took. 
 connection errors are re-sent after a bounded exponential backoff. With routed experts on, an
 abort that brings no `routed_experts` (SGLang aborts a request still queued when the batch fills
 that way, see tests/facts/) keeps none of that attempt's tokens: the sample stays `aborted` as it was
-before the attempt and is resumed later, so every kept token has its routing row.
+before the attempt and is resumed later, so every kept token has its routing row. Every answer's
+routed experts go through `routed_experts.sample_routed_experts` (decode, validate, merge segments).
+Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
+`sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
+per-call `sampling` override of `run`.
 """
 from __future__ import annotations
 
@@ -15,60 +19,14 @@ import asyncio
 import collections
 import itertools
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import aiohttp
-import numpy as np
 
 from rollout.engines.readiness import auth_headers
-from rollout.routed_experts.retraction import retraction_reason
-from rollout.states import FINISH_STATUS, SampleStatus
-
-
-@dataclass
-class Sample:
-    sample_id: str                 # "<group_id>/<index>": the dedupe key
-    group_id: str
-    index: int
-    prompt_ids: list
-    response_ids: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    routed_experts: Optional[np.ndarray] = None   # compact [len(tokens)-1, moe_layers, topk]
-    status: SampleStatus = SampleStatus.PENDING
-    error: Optional[str] = None
-    reward: Optional[float] = None
-    engines: list = field(default_factory=list)   # engine of every attempt, in order
-    attempts: int = 0
-    resumes: int = 0               # partial-rollout continuations
-    max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens
-    weight_versions: list = field(default_factory=list)
-    sent_version: Optional[str] = None   # the engine's weight version last reported when the attempt was sent
-    t_submit: float = 0.0
-    t_done: float = 0.0
-
-    @property
-    def tokens(self) -> list:
-        return list(self.prompt_ids) + list(self.response_ids)
-
-    @property
-    def engine(self) -> Optional[str]:
-        return self.engines[-1] if self.engines else None
-
-
-@dataclass
-class Group:
-    group_id: str
-    prompt_ids: list
-    samples: list
-
-    @property
-    def failed(self) -> bool:
-        return any(s.status == SampleStatus.FAILED for s in self.samples)
-
-
-class EngineLost(Exception):
-    """The engine of an attempt was removed while the request was in flight."""
+from rollout.errors import EngineLost, one_line, short_error
+from rollout.routed_experts import MoELayout, continuation_start, sample_routed_experts
+from rollout.types import FINISH_STATUS, Sample, SampleStatus
 
 
 class _Slot:
@@ -85,14 +43,15 @@ class _Slot:
 
 class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession, sampling: dict, capacity: int,
-                 routed_experts: bool = False, decode_routed: Optional[Callable] = None,
+                 layout: Optional[MoELayout] = None, seeds: Optional[list] = None, keep_answers: bool = False,
                  max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None,
                  backoff_s: float = 0.2, backoff_max_s: float = 5.0):
         self.session = session
         self.sampling = dict(sampling)
         self.capacity = capacity
-        self.routed_experts = routed_experts
-        self.decode_routed = decode_routed     # (payload, num_tokens, start_len) -> (array|None, reason|None)
+        self.layout = layout                   # MoE layout: routed experts asked for, checked and merged
+        self.seeds = seeds                     # sampling_seed of sample i: seeds[i % len(seeds)]
+        self.keep_answers = keep_answers       # append (tokens, text, meta_info) of every answer to sample.outputs
         self.max_attempts = max_attempts
         self.on_error = on_error               # async (engine) -> None, after a connection-level error
         self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
@@ -106,6 +65,10 @@ class Dispatcher:
         self.unrouted_aborts = 0       # aborted answers without routed experts (queued when aborted)
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
         self.closed_reason: Optional[str] = None
+
+    @property
+    def routed_experts(self) -> bool:
+        return self.layout is not None
 
     # ------------------------------------------------------------------ engines
     async def admit(self, engine, weight_version: Optional[str] = None) -> None:
@@ -133,6 +96,12 @@ class Dispatcher:
         """No engine will come back: waiting samples fail with `reason`."""
         async with self._cond:
             self.closed_reason = reason
+        self._wake_all()
+
+    async def reopen(self) -> None:
+        """Engines are back (e.g. listed again by whoever started them): serve samples again."""
+        async with self._cond:
+            self.closed_reason = None
         self._wake_all()
 
     def outstanding(self) -> dict:
@@ -192,20 +161,31 @@ class Dispatcher:
         self._wake_one()
 
     # ------------------------------------------------------------------ requests
-    def payload(self, sample: Sample, rid: str) -> dict:
-        sp = dict(self.sampling)
-        budget = sample.max_new_tokens or int(sp.get("max_new_tokens", 16))
-        sp["max_new_tokens"] = max(1, budget - len(sample.response_ids))
+    def budget_left(self, sample: Sample) -> int:
+        """Tokens the sample may still generate: its budget (`max_new_tokens`) minus its response."""
+        return int(sample.max_new_tokens or self.sampling.get("max_new_tokens", 16)) - len(sample.response_ids)
+
+    def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None) -> dict:
+        """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`."""
+        sp = dict(self.sampling if sampling is None else sampling)
+        if self.seeds and sampling is None:
+            sp["sampling_seed"] = self.seeds[sample.index % len(self.seeds)]
+        sp["max_new_tokens"] = max(1, self.budget_left(sample))
         body = {"input_ids": sample.tokens, "sampling_params": sp, "return_logprob": True, "rid": rid}
         if self.routed_experts:
             body["return_routed_experts"] = True
-            if sample.response_ids:
-                body["routed_experts_start_len"] = len(sample.tokens) - 1
+            start = continuation_start(sample.routed_experts, len(sample.tokens))
+            if start:
+                body["routed_experts_start_len"] = start
         return body
 
-    async def run(self, sample: Sample) -> Sample:
-        """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault."""
+    async def run(self, sample: Sample, sampling: Optional[dict] = None) -> Sample:
+        """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault.
+        A sample with no budget left is TRUNCATED without a request. `sampling`: see `payload`."""
         sample.t_submit = sample.t_submit or time.monotonic()
+        if self.budget_left(sample) <= 0:
+            sample.status, sample.t_done = SampleStatus.TRUNCATED, time.monotonic()
+            return sample
         retries = 0                    # consecutive re-sends of this call: the backoff exponent
         # Each attempt runs in this task (no extra task per request); remove() cancels this task and
         # marks the rid lost, which is told apart from any other cancellation of the caller.
@@ -232,7 +212,7 @@ class Dispatcher:
             slot.inflight[rid] = task
             sample.sent_version = slot.version
             try:
-                out = await self._post(slot, self.payload(sample, rid))
+                out = await self._post(slot, self.payload(sample, rid, sampling))
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -246,7 +226,7 @@ class Dispatcher:
                 self._release(slot)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
-                sample.error = _short(out)
+                sample.error = short_error(out)
                 self.resent += 1
                 retries += not isinstance(out, EngineLost)  # a lost engine's samples go elsewhere at once
                 if not isinstance(out, EngineLost):
@@ -280,6 +260,13 @@ class Dispatcher:
 
     def _apply(self, sample: Sample, out: dict) -> None:
         meta = out.get("meta_info", {})
+        before = len(sample.response_ids)
+        self._take_answer(sample, meta)
+        if self.keep_answers:
+            kept = {k: v for k, v in meta.items() if k != "routed_experts"}
+            sample.outputs.append((len(sample.response_ids) - before, out.get("text", ""), kept))
+
+    def _take_answer(self, sample: Sample, meta: dict) -> None:
         finish = (meta.get("finish_reason") or {}).get("type")
         if self.routed_experts and finish == "abort" and meta.get("routed_experts") is None:
             # aborted before it ran (queued when the batch filled): nothing to keep, resume later
@@ -287,7 +274,7 @@ class Dispatcher:
             sample.status, sample.error = SampleStatus.ABORTED, None
             return
         pairs = meta.get("output_token_logprobs") or []
-        start_len = len(sample.tokens) - 1 if sample.response_ids else 0
+        start_len = continuation_start(sample.routed_experts, len(sample.tokens))
         sample.response_ids = list(sample.response_ids) + [int(p[1]) for p in pairs]
         sample.logprobs = list(sample.logprobs) + [float(p[0]) for p in pairs]
         if meta.get("weight_version") is not None:
@@ -295,42 +282,22 @@ class Dispatcher:
         sample.status = FINISH_STATUS.get(finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:
-            self._apply_routed(sample, meta, start_len)
+            arr, reason = sample_routed_experts(meta, len(sample.tokens), self.layout, held=sample.routed_experts,
+                                                start_len=start_len, sent_version=sample.sent_version)
+            if reason:
+                sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"
+                return
+            sample.routed_experts = arr
 
-    def _apply_routed(self, sample: Sample, meta: dict, start_len: int) -> None:
-        payload = meta.get("routed_experts")
-        if payload is None:
-            sample.status, sample.error = SampleStatus.FAILED, "routed experts requested but missing from meta_info"
-            return
-        reason = retraction_reason(meta, sample.sent_version)  # miles#3277: routes recomputed under newer weights
-        arr, reason = (None, reason) if reason else self.decode_routed(payload, len(sample.tokens), start_len)
-        if reason:
-            sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"
-            return
-        if start_len and sample.routed_experts is not None:
-            # partial rollout: keep the rows computed by the first request, append the new ones
-            arr = np.concatenate([sample.routed_experts[:start_len], arr], axis=0)
-        sample.routed_experts = arr
-
-    async def abort(self, rids_prefix: Optional[str] = None) -> None:
-        """Ask every engine to abort all its requests (used for stragglers once a batch is full)."""
-        async def one(slot):
+    async def abort(self, endpoints=None) -> None:
+        """Ask every engine (or each of `endpoints`) to abort all its requests (stragglers once a batch is full)."""
+        async def one(engine):
             try:
-                async with self.session.post(slot.engine.url + "/abort_request", json={"abort_all": True},
-                                             headers=auth_headers(slot.engine.api_key),
+                async with self.session.post(engine.url + "/abort_request", json={"abort_all": True},
+                                             headers=auth_headers(engine.api_key),
                                              timeout=aiohttp.ClientTimeout(total=10)) as r:
                     await r.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
-        await asyncio.gather(*(one(s) for s in list(self.slots.values())))
-
-
-def one_line(x, limit: int = 160) -> str:
-    """Any text (an answer body, an exception) as one line of at most `limit` characters."""
-    text = " ".join(str(x).split()) or (type(x).__name__ if isinstance(x, BaseException) else "")
-    return text[:limit]
-
-
-def _short(e: BaseException) -> str:
-    s = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {s}"[:160] if s else type(e).__name__
+        targets = [s.engine for s in self.slots.values()] if endpoints is None else list(endpoints)
+        await asyncio.gather(*(one(e) for e in targets))

@@ -10,7 +10,13 @@ Partial rollout: when `batch_size` groups are delivered, the remaining requests 
 their groups kept, with tokens so far, for the next `rollout()` call (they are continued first).
 Every restart failure (whatever its exception) is logged and counted, restarts back off, and when
 every engine is given up `rollout()` raises `EnginesLost` at once, one line naming engines and causes.
-Group ids are `<run_id>-g<n>` (`run_id` random unless given), unique across managers and runs.
+Group ids are `<run_id>-g<n>` (`run_id` random unless given), unique across managers and runs;
+`new_group(prompt, index=i)` fixes `n` (`run --resume` re-creates the same ids).
+
+Engines started by someone else: `attach(endpoints)`, or `attach(discover=...)` for a list that
+changes (slime's router): re-read by `relist()` and after a connection error. One sample outside any
+group, with its own sampling params: `generate(sample, sampling)`. Unfinished groups kept for the
+next step: `carried`, `drop_carried()`.
 """
 from __future__ import annotations
 
@@ -26,20 +32,17 @@ from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
-from rollout.dispatch import Dispatcher, Group, Sample, one_line
+from rollout.dispatch import Dispatcher
 from rollout.engines.health import HealthMonitor, http_probe
 from rollout.engines.readiness import NullView, auth_headers, wait_ready
-from rollout.states import EngineEvent, SampleStatus
+from rollout.errors import EnginesLost, WeightVersionError, one_line
+from rollout.routed_experts import MoELayout
+from rollout.types import EngineEvent, Group, Sample, SampleStatus, group_id
+
+__all__ = ["EnginesLost", "Event", "RolloutManager", "RolloutResult", "WeightVersionError", "group_record"]
 
 WeightHook = Callable[[object, str], Awaitable[None]]
-
-
-class WeightVersionError(RuntimeError):
-    pass
-
-
-class EnginesLost(RuntimeError):
-    """Every engine was given up: nothing can serve the rollout."""
+Discover = Callable[[aiohttp.ClientSession], Awaitable[tuple]]   # -> (send to, abort on) lists of Endpoint
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,17 @@ class RolloutResult:
 
 class RolloutManager:
     def __init__(self, specs, backend, *, budgets, health, sampling: dict, n_samples: int,
-                 concurrency: int, decode_routed=None, view=None, weight_sync_hook: Optional[WeightHook] = None,
+                 concurrency: int, layout: Optional[MoELayout] = None, seeds: Optional[list] = None,
+                 keep_answers: bool = False, view=None, weight_sync_hook: Optional[WeightHook] = None,
                  max_restarts: int = 3, partial_rollout: bool = True, health_probe=None,
                  run_id: Optional[str] = None, restart_backoff_s: float = 1.0, restart_backoff_max_s: float = 30.0,
                  max_events: int = 10000):
+        """`layout`: ask for, check and keep routed experts; `seeds`, `keep_answers`: see `Dispatcher`."""
         self.specs = {s.name: s for s in specs}
         self.backend = backend
         self.budgets, self.health_cfg = budgets, health
         self.sampling, self.n_samples, self.concurrency = dict(sampling), n_samples, concurrency
-        self.decode_routed = decode_routed
+        self.layout, self.seeds, self.keep_answers = layout, seeds, keep_answers
         self.view = view or NullView()
         self.weight_sync_hook = weight_sync_hook
         self.weight_version: Optional[str] = None
@@ -96,6 +101,11 @@ class RolloutManager:
         self.session: Optional[aiohttp.ClientSession] = None
         self.dispatcher: Optional[Dispatcher] = None
         self.monitor: Optional[HealthMonitor] = None
+        self._discover: Optional[Discover] = None
+        self._abort_to: Optional[list] = None        # engines to abort on when the batch is full (default: admitted)
+        self._listing: Optional[asyncio.Future] = None
+        self._listed_at = 0.0
+        self.empty_wait_s = 0.0                      # set by attach(discover=...)
 
     @classmethod
     def from_config(cls, cfg, backend, model_path: str, *, api_key=None, ports=None, **kw):
@@ -104,12 +114,14 @@ class RolloutManager:
         r = cfg.rollout
         sampling = {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p,
                     "top_k": r.sampling.top_k, "max_new_tokens": r.sampling.max_new_tokens}
-        decode = None
-        if any(g.routed_experts for g in cfg.engine_groups):
-            decode = routed_decoder(cfg.model)
+        layout = MoELayout.from_model(cfg.model) if any(g.routed_experts for g in cfg.engine_groups) else None
         return cls(specs, backend, budgets=r.budgets, health=r.health, sampling=sampling,
                    n_samples=r.n_samples_per_prompt, concurrency=r.concurrency_per_engine,
-                   decode_routed=decode, partial_rollout=r.partial_rollout, **kw)
+                   layout=layout, partial_rollout=r.partial_rollout, **kw)
+
+    @property
+    def routed_experts(self) -> bool:
+        return self.layout is not None
 
     def log(self, engine: str, kind: EngineEvent, detail: str = "") -> Event:
         ev = Event(next(self._seq), time.monotonic(), engine, EngineEvent(kind), detail)
@@ -133,9 +145,7 @@ class RolloutManager:
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
-        self.dispatcher = Dispatcher(self.session, self.sampling, self.concurrency,
-                                     routed_experts=self.decode_routed is not None,
-                                     decode_routed=self.decode_routed, on_error=self._on_error)
+        self.dispatcher = self._dispatcher(self._on_error)
         probe = self._health_probe or http_probe(self.session, self.health_cfg.timeout_s)
         self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures)
         results = await asyncio.gather(*(self._bring_up(spec) for spec in self.specs.values()),
@@ -146,16 +156,66 @@ class RolloutManager:
             raise errors[0]
         self.monitor.start()
 
-    async def attach(self, endpoints, dispatcher_cls=Dispatcher) -> "RolloutManager":
-        """Use engines started by someone else (e.g. slime's router): open the HTTP session and admit
-        each endpoint (`.name`, `.url`, `.api_key`). Nothing is launched and no health monitor runs."""
+    def _dispatcher(self, on_error) -> Dispatcher:
+        return Dispatcher(self.session, self.sampling, self.concurrency, layout=self.layout, seeds=self.seeds,
+                          keep_answers=self.keep_answers, on_error=on_error)
+
+    async def attach(self, endpoints=(), discover: Optional[Discover] = None,
+                     empty_wait_s: float = 60.0) -> "RolloutManager":
+        """Use engines started by someone else: open the HTTP session and admit each endpoint (`.name`,
+        `.url`, `.api_key`). Nothing is launched and no health monitor runs. With `discover` (async
+        (session) -> (endpoints to send to, endpoints to abort on); its `str` names it in errors) the
+        engines are those it lists now, and again at every `relist()` and after a connection error; an
+        empty list is re-read for up to `empty_wait_s` before samples fail."""
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        self.dispatcher = dispatcher_cls(self.session, self.sampling, self.concurrency,
-                                         routed_experts=self.decode_routed is not None,
-                                         decode_routed=self.decode_routed)
+        self._discover, self.empty_wait_s = discover, empty_wait_s
+        self.dispatcher = self._dispatcher(self._relist_after_error if discover else None)
         for endpoint in endpoints:
-            await self.dispatcher.admit(endpoint, await self._reported_version(endpoint))
+            await self.dispatcher.admit(endpoint, await self.reported_version(endpoint))
+        if discover is not None:
+            try:
+                await self.relist()
+            except BaseException:
+                await self.session.close()
+                raise
         return self
+
+    async def relist(self, max_age_s: float = 0.0, wait_s: Optional[float] = None) -> None:
+        """Follow what `discover` lists now (no-op without it, or when it was read under `max_age_s` ago):
+        admit new engines, remove gone ones (their requests are re-sent). Concurrent calls share one read."""
+        if self._discover is None or time.monotonic() - self._listed_at < max_age_s:
+            return
+        if self._listing is None or self._listing.done():
+            wait = self.empty_wait_s if wait_s is None else wait_s
+            self._listing = asyncio.ensure_future(self._relist(time.monotonic() + wait))
+        await asyncio.shield(self._listing)
+
+    async def _relist(self, until: float) -> None:
+        while True:
+            send, abort = await self._discover(self.session)
+            if send or time.monotonic() >= until:
+                break
+            await asyncio.sleep(0.5)
+        self._abort_to = list(abort) or None
+        names = {e.name for e in send}
+        for slot in list(self.dispatcher.slots.values()):
+            if slot.engine.name not in names:
+                await self.dispatcher.remove(slot.engine)
+        for e in send:
+            if e.name not in self.dispatcher.slots:
+                await self.dispatcher.admit(e, await self.reported_version(e))
+        self._listed_at = time.monotonic()
+        if send:
+            await self.dispatcher.reopen()
+        else:
+            await self.dispatcher.close(f"{self._discover} lists no workers")
+
+    async def _relist_after_error(self, engine) -> None:
+        """A connection error: whoever started the engines may have removed or replaced that one."""
+        try:
+            await self.relist(max_age_s=1.0, wait_s=0.0)
+        except RuntimeError:
+            pass
 
     async def _bring_up(self, spec, restart: bool = False):
         """Start one engine and admit it after every readiness phase (and the weight check)."""
@@ -209,7 +269,7 @@ class RolloutManager:
                                     timeout=aiohttp.ClientTimeout(total=10)) as r:
             return (await r.json()).get("weight_version")
 
-    async def _reported_version(self, engine) -> Optional[str]:
+    async def reported_version(self, engine) -> Optional[str]:
         """The engine's weight version, or None when it does not say (the dispatcher's retraction check)."""
         try:
             return await self.engine_weight_version(engine)
@@ -279,15 +339,30 @@ class RolloutManager:
     # ------------------------------------------------------------------ rollout
     def new_group(self, prompt_ids, index: Optional[int] = None) -> Group:
         """A fresh group; `index` (e.g. the prompt's index, for `run --resume`) fixes its id."""
-        gid = f"{self.run_id}-g{next(self._gid) if index is None else index}"
-        samples = [Sample(f"{gid}/{i}", gid, i, list(prompt_ids)) for i in range(self.n_samples)]
-        return Group(gid, list(prompt_ids), samples)
+        return Group.fresh(group_id(self.run_id, next(self._gid) if index is None else index), prompt_ids,
+                           self.n_samples)
+
+    @property
+    def carried(self) -> list:
+        """Unfinished groups kept for the next `rollout()` call (run first there)."""
+        return list(self.carry)
+
+    def drop_carried(self) -> list:
+        """Forget the unfinished groups (e.g. the trainer moved on); returns them."""
+        dropped, self.carry = self.carry, []
+        return dropped
+
+    async def generate(self, sample: Sample, sampling: Optional[dict] = None) -> Sample:
+        """Generate (or continue) one sample outside any group. `sampling`: params for this call only,
+        laid over the manager's and sent as they are (no per-index seed is added)."""
+        return await self.dispatcher.run(sample, None if sampling is None else {**self.sampling, **sampling})
 
     async def rollout(self, prompts, sink, batch_size: Optional[int] = None, on_group=None) -> RolloutResult:
-        """Run groups (carried-over first, then one per prompt) until `batch_size` are delivered to `sink`.
+        """Run groups (carried-over first, then one per prompt or `Group`) until `batch_size` are delivered
+        to `sink`.
 
-        Groups still running when the batch is full are aborted and kept for the next call (with
-        partial_rollout; otherwise they are dropped from this step and returned as fresh prompts).
+        Groups still running when the batch is full are aborted and kept for the next call, under the
+        same ids (with partial_rollout with their tokens so far; otherwise started again from the prompt).
         """
         todo = self.carry + [p if isinstance(p, Group) else self.new_group(p) for p in prompts]
         self.carry = []
@@ -304,21 +379,21 @@ class RolloutManager:
         async def run_group(group: Group):
             try:
                 while True:
-                    runs = [s for s in group.samples if SampleStatus(s.status).runnable]
+                    runs = [s for s in group.samples if s.status.runnable]
                     if not runs or full.is_set() or self.dispatcher.closed_reason:
                         break
                     for s in runs:
-                        if s.status == SampleStatus.ABORTED:
+                        if s.status is SampleStatus.ABORTED:
                             s.resumes += 1
                     await asyncio.gather(*(self.dispatcher.run(s) for s in runs))
-                unfinished = any(SampleStatus(s.status).runnable for s in group.samples)
+                unfinished = any(s.status.runnable for s in group.samples)
                 if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)
                     return
                 if await sink.put(group):
                     res.delivered += 1
                     for s in group.samples:
-                        if s.status == SampleStatus.FAILED:
+                        if s.status is SampleStatus.FAILED:
                             res.failed_samples += 1
                             res.failures[s.error] = res.failures.get(s.error, 0) + 1
                     if res.first_group_s is None:
@@ -329,7 +404,7 @@ class RolloutManager:
                         full.set()
                         self.dispatcher.draining = True
                         if any(s.outstanding for s in self.dispatcher.slots.values()):
-                            await self.dispatcher.abort()  # stragglers return with their tokens so far
+                            await self.dispatcher.abort(self._abort_to)  # stragglers return with their tokens so far
             finally:
                 gate.release()
 
@@ -347,26 +422,13 @@ class RolloutManager:
             raise EnginesLost(self.dispatcher.closed_reason)
         if self.partial_rollout:
             self.carry = leftovers
-        else:  # drop partial work, keep the prompts
-            self.carry = [self.new_group(g.prompt_ids) for g in leftovers]
+        else:  # drop partial work, keep the prompts and ids
+            self.carry = [Group.fresh(g.group_id, g.prompt_ids, self.n_samples) for g in leftovers]
         res.carried = len(self.carry)
         res.resent = self.dispatcher.resent - resent0
         res.unrouted_aborts = self.dispatcher.unrouted_aborts - unrouted0
         res.wall_s = time.monotonic() - t0
         return res
-
-
-def routed_decoder(model):
-    """(payload, num_tokens, start_len) -> (compact array | None, reason | None), via rollout.routed_experts."""
-    from rollout.routed_experts.layout import MoELayout
-    from rollout.routed_experts.validate import try_decode_compact
-    layout = MoELayout.from_first_k_dense(model.num_layers, model.first_k_dense_replace,
-                                          model.num_experts, model.topk)
-
-    def decode(payload, num_tokens, start_len):
-        return try_decode_compact(payload, layout, num_tokens, start_len)
-
-    return decode
 
 
 def group_record(group: Group) -> dict:

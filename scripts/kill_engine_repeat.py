@@ -55,7 +55,7 @@ def _check(asked: list, got: list) -> str:
 
 
 async def _iteration(mgr, k: int, groups: int, prompt_len: int) -> dict:
-    from rollout.states import EngineEvent
+    from rollout.types import EngineEvent
     from rollout.stream import GroupStream
 
     asked = [mgr.new_group([(7 * (k * groups + i) + j) % 290 + 5 for j in range(prompt_len)]) for i in range(groups)]

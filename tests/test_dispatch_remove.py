@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from loopback import start_app
 
-from rollout.dispatch import Dispatcher, Sample
+from rollout.dispatch import Dispatcher
+from rollout.types import Sample
 
 BODY = {"text": "", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "length"}}}
 

@@ -17,7 +17,7 @@ from rollout import config as rconfig  # noqa: E402
 from rollout.engines.engine_launch import free_port  # noqa: E402
 from rollout.engines.process import group_pids  # noqa: E402
 from rollout.manager import RolloutManager  # noqa: E402
-from rollout.states import EngineEvent  # noqa: E402
+from rollout.types import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -18,7 +18,7 @@ from rollout.engines.health import HealthMonitor, http_probe
 from rollout.engines.lifecycle import EngineStartError, LocalBackend
 from rollout.manager import RolloutManager
 from rollout.engines.readiness import ReadinessError, wait_ready
-from rollout.states import EngineEvent, SampleStatus
+from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
 

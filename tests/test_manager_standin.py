@@ -18,8 +18,9 @@ from aiohttp import web
 
 from rollout.config import EngineSpec
 from rollout.engines.engine_launch import free_port
-from rollout.manager import RolloutManager, group_record, routed_decoder
-from rollout.states import EngineEvent, SampleStatus
+from rollout.manager import RolloutManager, group_record
+from rollout.routed_experts import MoELayout
+from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, ReadinessBudgets
 
@@ -213,7 +214,7 @@ def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, part
         budgets=ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
         health=HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
         sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples=n_samples,
-        concurrency=concurrency, decode_routed=routed_decoder(MODEL), partial_rollout=partial,
+        concurrency=concurrency, layout=MoELayout.from_model(MODEL), partial_rollout=partial,
         **{"restart_backoff_s": 0.05, **kw})
 
 
@@ -242,7 +243,7 @@ def test_groups_stream_exactly_once_with_routed_experts():
     for g in got:
         assert len(g.samples) == 2 and len({s.sample_id for s in g.samples}) == 2
         for s in g.samples:
-            assert s.status == "truncated" and len(s.response_ids) == 8 and len(s.logprobs) == 8
+            assert s.status is SampleStatus.TRUNCATED and len(s.response_ids) == 8 and len(s.logprobs) == 8
             assert s.routed_experts.shape == (len(s.tokens) - 1, 2, 2)  # compact: 2 MoE layers, top-2
         rec = group_record(g)
         assert rec["samples"][0]["routed_experts"]["shape"] == [11, 2, 2]
@@ -287,7 +288,7 @@ def test_engine_death_resends_and_every_group_arrives_once():
     mgr, res, got, backend, res2 = asyncio.run(go())
     assert res.delivered == 12 and res.resent >= 1
     assert sorted(g.group_id for g in got) == sorted({g.group_id for g in got})
-    assert all(s.status == "truncated" and len(s.response_ids) == 30 for g in got for s in g.samples)
+    assert all(s.status is SampleStatus.TRUNCATED and len(s.response_ids) == 30 for g in got for s in g.samples)
     assert any(len(s.engines) > 1 for g in got for s in g.samples)  # re-sent samples
     assert len(backend.started) == 3 and mgr.count(EngineEvent.READMITTED) == 1
     assert res2.delivered == 6 and len(backend.started[2].requests) > 0  # the restarted engine serves
@@ -316,22 +317,41 @@ def test_partial_rollout_aborts_stragglers_and_continues_them_next_step():
             stream = GroupStream(maxsize=100)
             # one fast batch of 2 groups out of 6 submitted: the other 4 are aborted mid-way
             res1 = await mgr.rollout(prompts(6), stream, batch_size=2)
-            carried = [(s.status, len(s.response_ids)) for g in mgr.carry for s in g.samples]
-            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carry))
+            carried = [(s.status, len(s.response_ids)) for g in mgr.carried for s in g.samples]
+            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carried))
             await stream.close()
             got = [g async for g in stream]
             return res1, res2, carried, got
 
     res1, res2, carried, got = asyncio.run(go())
     assert res1.delivered == 2 and res1.carried == 4
-    assert all(status == "aborted" and 0 < n < 40 for status, n in carried)
+    assert all(status is SampleStatus.ABORTED and 0 < n < 40 for status, n in carried)
     assert res2.delivered == 4 and len(got) == 6 and len({g.group_id for g in got}) == 6
     resumed = [s for g in got for s in g.samples if s.resumes]
     assert resumed
     for s in resumed:
-        assert len(s.response_ids) == 40 and s.status == "truncated"
+        assert len(s.response_ids) == 40 and s.status is SampleStatus.TRUNCATED
         # routed experts merged across the abort: one row per token but the last
         assert s.routed_experts.shape[0] == len(s.tokens) - 1
+
+
+def test_without_partial_rollout_stragglers_restart_under_their_ids():
+    """The caller keys its own records by group id (the slime adapter does): a carried group keeps its id
+    whether or not its tokens are kept; `drop_carried` forgets the carried groups."""
+    async def go():
+        backend = StandinBackend(slow_from=7)
+        async with make_manager(concurrency=8, max_new_tokens=40, backend=backend, partial=False) as mgr:
+            stream = GroupStream(maxsize=100)
+            made = [mgr.new_group(p) for p in prompts(6)]
+            await mgr.rollout(made, stream, batch_size=2)
+            carried = mgr.carried
+            dropped = mgr.drop_carried()
+            return made, carried, dropped, mgr.carried
+
+    made, carried, dropped, after = asyncio.run(go())
+    assert len(carried) == 4 and {g.group_id for g in carried} <= {g.group_id for g in made}
+    assert all(s.status is SampleStatus.PENDING and not s.response_ids for g in carried for s in g.samples)
+    assert [g.group_id for g in dropped] == [g.group_id for g in carried] and after == []
 
 
 def test_backpressure_no_drops_with_a_slow_consumer():
@@ -356,7 +376,7 @@ def test_backpressure_no_drops_with_a_slow_consumer():
 
 
 def test_stream_refuses_a_second_delivery():
-    from rollout.dispatch import Group
+    from rollout.types import Group
 
     async def go():
         s = GroupStream(4)
@@ -433,8 +453,8 @@ def test_queued_abort_without_routed_experts_is_resumed_not_failed():
         async with make_manager(n_engines=1, concurrency=8, max_new_tokens=40, backend=backend) as mgr:
             stream = GroupStream(maxsize=100)
             res1 = await mgr.rollout(prompts(4), stream, batch_size=1)
-            carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carry for s in g.samples]
-            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carry))
+            carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carried for s in g.samples]
+            res2 = await mgr.rollout([], stream, batch_size=len(mgr.carried))
             await stream.close()
             return res1, res2, carried, [g async for g in stream], backend.started[0]
 
@@ -516,7 +536,7 @@ def test_5xx_is_resent_with_a_growing_bounded_backoff():
 
 def test_long_runs_keep_bounded_memory():
     """Dedupe ids, engine events and health history are windows, not ever-growing lists."""
-    from rollout.dispatch import Group, Sample
+    from rollout.types import Group, Sample
     from rollout.engines.health import HealthMonitor
 
     async def go():

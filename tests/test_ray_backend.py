@@ -15,7 +15,7 @@ from rollout import config as rconfig  # noqa: E402
 from rollout.engines.engine_launch import free_port  # noqa: E402
 from rollout.engines.lifecycle import group_pids  # noqa: E402
 from rollout.manager import RolloutManager, group_record  # noqa: E402
-from rollout.states import EngineEvent  # noqa: E402
+from rollout.types import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream, RayGroupQueue  # noqa: E402
 
 # e2e: a real engine in a Ray actor, killed and restarted (~3.5 min here); test_ray_placement stays in make test

@@ -1,21 +1,27 @@
 """`retraction_reason` on meta_info built by SGLang's OWN code (`weight_versions` spans from
 `compute_weight_version_spans` + `add_weight_versions_to_meta_info`, `num_retractions` as the
-tokenizer manager reports it), and the dispatcher refusing such a sample. The real engine run is
-`test_retraction_engine.py::test_retraction_across_weight_update_refused`."""
+tokenizer manager reports it), and the routed-experts entry point and the dispatcher refusing such a
+sample. The real engine run is `test_retraction_engine.py::test_retraction_across_weight_update_refused`."""
 from types import SimpleNamespace
 
 import pytest
 
-from rollout.dispatch import Dispatcher, Sample
+from rollout.dispatch import Dispatcher
+from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts
 from rollout.routed_experts.retraction import retraction_reason
+from rollout.routed_experts.synthetic import synthetic_full
+from rollout.types import Sample, SampleStatus
 
 wv = pytest.importorskip("sglang.srt.utils.weight_versions")
+
+LAY = MoELayout.from_first_k_dense(2, 1, 8, 2)
+ROWS = encode_sglang(synthetic_full(2, LAY))   # prompt [1, 2] + one generated token: 2 rows
 
 
 def _meta(retractions, changes, current, n_out):
     """changes: [(old_version, num_output_tokens at the change)], as SGLang records them."""
     events = [wv.WeightVersionEvent(old_version=v, num_output_tokens=n) for v, n in changes]
-    meta = {"num_retractions": retractions, "routed_experts": "AAAA"}
+    meta = {"num_retractions": retractions, "routed_experts": ROWS}
     wv.add_weight_versions_to_meta_info(meta, wv.compute_weight_version_spans(events, current, n_out), n_out)
     return meta
 
@@ -29,22 +35,17 @@ def test_reason_only_for_retraction_across_versions():
     assert retraction_reason({}) is None
 
 
-def test_dispatcher_marks_the_sample_failed():
-    decoded = []
-    shell = SimpleNamespace(decode_routed=lambda *a: decoded.append(a) or ("rows", None))
-    s = Sample(sample_id="g/0", group_id="g", index=0, prompt_ids=[1, 2])
-    Dispatcher._apply_routed(shell, s, _meta(1, [("v1", 20)], "v2", 60), 0)
-    assert s.status == "failed" and s.error.startswith("routed experts: retracted 1x across weight versions v1 -> v2")
-    assert decoded == [] and s.routed_experts is None
-    ok = Sample(sample_id="g/1", group_id="g", index=1, prompt_ids=[1, 2])
-    Dispatcher._apply_routed(shell, ok, _meta(0, [("v1", 20)], "v2", 60), 0)
-    assert ok.routed_experts == "rows" and ok.status == "pending"
+def test_routed_experts_entry_point_refuses_the_retracted_rows():
+    arr, reason = sample_routed_experts(_meta(1, [("v1", 20)], "v2", 60), 3, LAY)
+    assert arr is None and reason.startswith("retracted 1x across weight versions v1 -> v2")
+    arr, reason = sample_routed_experts(_meta(0, [("v1", 20)], "v2", 60), 3, LAY)
+    assert reason is None and arr.shape == (2, 1, 2)
 
 
 def _finish_only(retractions, version):
     """meta_info as SGLang 0.5.15.post1 / 0.5.16 build it: the version at finish, no spans
     (tests/test_retraction_versions.py pins that shape on their code)."""
-    return {"num_retractions": retractions, "weight_version": version, "routed_experts": "AAAA",
+    return {"num_retractions": retractions, "weight_version": version, "routed_experts": ROWS,
             "output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "length"}}
 
 
@@ -80,8 +81,7 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
         runner, port = await start_app(app)
         try:
             async with aiohttp.ClientSession() as session:
-                d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, routed_experts=True,
-                               decode_routed=lambda *a: ("rows", None))
+                d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, layout=LAY)
                 await d.admit(SimpleNamespace(name="e", url=f"http://127.0.0.1:{port}", api_key=None), "v1")
                 out = [await d.run(Sample(f"g/{i}", "g", i, [1, 2])) for i in range(3)]
         finally:
@@ -89,7 +89,7 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
         return out
 
     first, across, alone = asyncio.run(main())
-    assert (first.sent_version, first.routed_experts) == ("v1", "rows")
-    assert across.sent_version == "v1" and across.status == "failed"
+    assert first.sent_version == "v1" and first.routed_experts.shape == (2, 1, 2)
+    assert across.sent_version == "v1" and across.status is SampleStatus.FAILED and across.routed_experts is None
     assert across.error.startswith("routed experts: retracted 1x and the weight version was 'v1' when sent, 'v2'")
-    assert (alone.sent_version, alone.routed_experts, alone.error) == ("v2", "rows", None)
+    assert (alone.sent_version, alone.routed_experts.shape, alone.error) == ("v2", (2, 1, 2), None)

@@ -86,13 +86,13 @@ def test_existing_output_resume_and_fraction_arguments(tmp_path, capsys):
 def _verdict(capsys, records, fraction, written=2, lost=None):
     from types import SimpleNamespace
 
-    from rollout.cli.run import _verdict
-
-    args = SimpleNamespace(max_failed_fraction=fraction, output="o.jsonl")
     from rich.console import Console
 
-    rc = _verdict(Console(stderr=True), None, None, lost,
-                  records, {"num_groups": 2, "run_id": "r"}, written, args, 0.0, 0.0)
+    from rollout.cli.run_report import Tally, verdict
+
+    args = SimpleNamespace(max_failed_fraction=fraction, output="o.jsonl")
+    rc = verdict(Console(stderr=True), None, None, lost,
+                 Tally(**records), {"num_groups": 2, "run_id": "r"}, written, args, 0.0, 0.0)
     return rc, capsys.readouterr().err
 
 

@@ -165,7 +165,7 @@ def _StandInManager(names):
 
 
 def test_supervise_reports_events_and_stops_on_signal(capsys):
-    from rollout.states import EngineEvent
+    from rollout.types import EngineEvent
 
     import asyncio
 
@@ -190,7 +190,7 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
 
 
 def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
-    from rollout.states import EngineEvent
+    from rollout.types import EngineEvent
 
     import asyncio
 

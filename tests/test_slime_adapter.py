@@ -214,7 +214,7 @@ SLIME_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens
 
 def test_generate_rollout_returns_slime_groups(router):
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None   # prompts arrive as tokens
+    slime_adapter.set_tokenizer(None)   # prompts arrive as tokens
     args = _args(router.port)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     out = slime_adapter.generate_rollout(args, 5, StandInDataSource(prompts, 2))
@@ -236,7 +236,7 @@ def test_generate_rollout_returns_slime_groups(router):
 
 
 def _worker_rollout(router, step, prompts):
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     return slime_adapter.generate_rollout(_args(router.port, rollout_batch_size=len(prompts)), step,
                                           StandInDataSource(prompts, 2))
 
@@ -269,9 +269,9 @@ def test_router_without_workers_fails_the_step_with_one_line(monkeypatch):
     """The recorded router answers `POST /workers` with 202 (queued): the list is re-read for a while
     (here 0.5 s) before the step fails."""
     from rollout.manager import EnginesLost
-    from rollout.slime.attach import WorkerDispatcher
+    from rollout.slime import attach
     assert ROUTER_FACT["register"] == "POST /workers 202"
-    monkeypatch.setattr(WorkerDispatcher, "empty_wait_s", 0.5)
+    monkeypatch.setattr(attach, "EMPTY_WAIT_S", 0.5)
     router = StandInRouter([]).start()
     try:
         slime_adapter.reset()
@@ -317,7 +317,7 @@ def test_prefill_decode_workers_are_reached_through_the_router():
 
 def test_top_p_and_seeds_are_requested_as_slime_does(router):
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     args = _args(router.port, rollout_top_p=0.9, sglang_enable_deterministic_inference=True, rollout_seed=42,
                  rollout_batch_size=1, rollout_stop=["</s>"], rollout_stop_token_ids=[2])
     out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
@@ -339,7 +339,7 @@ async def group_reward(args, samples):
 
 def test_group_rm_rewards_the_whole_group(router):
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     args = _args(router.port, group_rm=True, custom_rm_path=f"{__name__}.group_reward", rollout_batch_size=1)
     out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
     assert [s.reward for s in out.samples[0]] == [2.0, 2.0]
@@ -347,7 +347,7 @@ def test_group_rm_rewards_the_whole_group(router):
 
 def test_straggler_is_aborted_and_returned_next_step(router):
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     args = _args(router.port, rollout_batch_size=2, over_sampling_batch_size=3)
     src = StandInDataSource([[1, 2], [HANG, 3], [4, 5], [6, 7], [8, 9]], 2)
     first = slime_adapter.generate_rollout(args, 0, src)
@@ -366,7 +366,7 @@ def test_straggler_is_aborted_and_returned_next_step(router):
 
 def test_custom_generate_function(router):
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     args = _args(router.port)
     s = Sample(prompt="", tokens=[10, 11, 12])
 
@@ -383,7 +383,7 @@ def test_custom_generate_budget_is_the_total_response_length(router):
     """slime: max_new_tokens is the whole response budget; a continuation asks for the rest, and a
     sample with nothing left is TRUNCATED without a request (never 'at least one token')."""
     slime_adapter.reset()
-    slime_adapter._STATE["tokenizer"] = None
+    slime_adapter.set_tokenizer(None)
     args = _args(router.port)
     s = Sample(prompt="", tokens=[10, 11, 12, 20, 21], response_length=2, loss_mask=[1, 1],
                rollout_log_probs=[-0.1, -0.2], rollout_routed_experts=routes([10, 11, 12, 20, 21], 0))
@@ -391,9 +391,26 @@ def test_custom_generate_budget_is_the_total_response_length(router):
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
     assert router.worker.requests[-1]["sampling_params"]["max_new_tokens"] == 1
     assert s.response_length == 3 and s.rollout_log_probs == [-0.1, -0.2, -0.5]
+    # the rows slime held are continued, not asked for again, and merged by the same entry point
+    assert router.worker.requests[-1]["routed_experts_start_len"] == 4
+    assert np.array_equal(s.rollout_routed_experts.numpy(), routes(s.tokens, 0))
     sent = len(router.worker.requests)
     asyncio.run(slime_adapter.generate(args, s, {"max_new_tokens": 3}))
     assert len(router.worker.requests) == sent and s.status == Sample.Status.TRUNCATED and s.response_length == 3
+
+
+def test_custom_generate_refuses_held_rows_that_are_not_routing(router):
+    """The rows slime holds go through the same checks as an answer's before they are continued."""
+    from rollout.routed_experts import RoutedExpertsError
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    held = routes([10, 11, 12, 20, 21], 0)
+    held[1, 0] = [1, 2, 3, 4]   # ids in the dense layer 0
+    s = Sample(prompt="", tokens=[10, 11, 12, 20, 21], response_length=2, loss_mask=[1, 1],
+               rollout_log_probs=[-0.1, -0.2], rollout_routed_experts=held)
+    with pytest.raises(RoutedExpertsError, match="dense layer 0 carries expert ids"):
+        asyncio.run(slime_adapter.generate(_args(router.port), s, {"max_new_tokens": 3}))
+    assert router.worker.requests == []
 
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():

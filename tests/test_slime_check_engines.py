@@ -1,4 +1,4 @@
-"""scripts/check_against_slime.sh against engines of another reviewed SGLang version (issue 10, item 5).
+"""scripts/check_against_slime.sh against engines of another reviewed SGLang version.
 
 slime's own client code (its discovery, router, `SGLangEngine.init`, `generate_rollout`, train-data
 conversion with R3 validation, replay preparation) against `serve`'s engines of that version, and plugin

@@ -140,5 +140,11 @@ def test_plugin_mode_sends_to_the_workers_the_router_lists():
     assert fact["forwards_return_routed_experts"] is False and "return_routed_experts" not in fact["keys_received"]
     entry = fact["workers_listing"]["workers"][0]
     assert ROUTER_WORKER_KEYS <= set(entry) and entry["worker_type"] == "regular"
-    from rollout.slime.attach import WorkerDispatcher
-    assert WorkerDispatcher.abort is not adapter.attach.Dispatcher.abort   # aborts every listed worker
+    from rollout.slime.attach import RouterWorkers
+    workers = RouterWorkers("http://r:1", "key")
+    send, abort = workers.split([dict(entry, url="http://w:2"), dict(entry, url="http://p:3", worker_type="prefill")])
+    assert [(e.url, e.api_key) for e in send] == [("http://w:2", "key")]
+    assert [e.url for e in abort] == ["http://w:2", "http://p:3"]   # stragglers aborted on every listed worker
+    send, abort = workers.split([dict(entry, url="http://p:3", worker_type="prefill"),
+                                 dict(entry, url="http://d:4", worker_type="decode")])
+    assert [e.url for e in send] == ["http://r:1"] and [e.url for e in abort] == ["http://p:3", "http://d:4"]

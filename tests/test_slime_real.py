@@ -41,7 +41,7 @@ def _rollout(router_port, **kw):
 
     from rollout.slime import adapter
     adapter.reset()
-    adapter._STATE["tokenizer"] = None
+    adapter.set_tokenizer(None)
     args = _args(router_port, rollout_batch_size=4, **kw)
     base = dict(reward_key=None, advantage_estimator="grpo", rewards_normalization=True,
                 grpo_std_normalization=True, global_batch_size=8, micro_batch_size=1,

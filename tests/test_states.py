@@ -1,9 +1,9 @@
-"""States are enums whose values are what callers and JSON read (rollout/states.py, sglang_patches/states.py)."""
+"""States are enums whose values are what callers and JSON read (rollout/types.py, sglang_patches/states.py)."""
 import json
 
 import pytest
 
-from rollout.states import FINISH_STATUS, EngineEvent, SampleStatus
+from rollout.types import FINISH_STATUS, EngineEvent, SampleStatus
 from sglang_patches.states import FixState
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,8 +17,21 @@ def test_sample_status_reads_as_its_text_everywhere():
     assert FINISH_STATUS["abort"] is SampleStatus.ABORTED and FINISH_STATUS["length"] is SampleStatus.TRUNCATED
 
 
-def test_engine_events_are_distinct():
-    assert len({e.value for e in EngineEvent}) == len(EngineEvent)
+@pytest.mark.parametrize("enum", [SampleStatus, EngineEvent, FixState])
+def test_every_state_has_its_own_value(enum):
+    """Iterating an Enum skips aliases (a member whose value repeats another's): only `__members__`
+    shows them, so compare the two."""
+    assert list(enum.__members__) == [m.name for m in enum], f"{enum.__name__} has aliases"
+
+
+def test_an_alias_is_caught():
+    from enum import Enum
+
+    class Twice(str, Enum):
+        A = "a"
+        B = "a"   # an alias of A
+
+    assert list(Twice.__members__) != [m.name for m in Twice]
 
 
 def test_every_fix_verdict_is_a_fix_state():

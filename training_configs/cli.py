@@ -29,11 +29,12 @@ def add_parser(sub) -> None:
 
 
 def _user_error(e) -> Exception:
-    from rollout.cli import CliError
+    from rollout.errors import CliError
     return CliError(" ".join(str(e).split()))
 
 
 def _check(args) -> int:
+    from sglang_patches.states import FixState
     from training_configs.check import check_file, format_report
     from training_configs.schema import ConfigError
     try:
@@ -43,7 +44,7 @@ def _check(args) -> int:
     print(json.dumps(rep.to_dict(), indent=1, default=str) if args.json else format_report(rep))
     if args.require_fixes:
         missing = [f for g in rep.groups for f in g.fixes
-                   if f.get("needed") and f.get("state") not in ("active", "upstream")]
+                   if f.get("needed") and FixState(f.get("state")) not in (FixState.ACTIVE, FixState.UPSTREAM)]
         if missing:
             return 1
     return 0

@@ -23,6 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from sglang_patches.registry import sglang_version
 from training_configs.render import fields_to_flags, server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
 
@@ -81,14 +82,6 @@ def our_derive(g: EngineGroup, disable_attn_tp_gather: bool = False) -> Derived:
 # ---------------------------------------------------------------- SGLang's own answer
 
 _PARSER = None
-
-
-def sglang_version() -> str | None:
-    try:
-        from importlib.metadata import version
-        return version("sglang")
-    except Exception:
-        return None
 
 
 def sglang_parser() -> argparse.ArgumentParser:

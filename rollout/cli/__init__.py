@@ -3,7 +3,7 @@ import argparse
 import importlib
 import sys
 
-from rollout.errors import CliError  # noqa: F401 - re-exported for sub-command modules
+from rollout.errors import CliError
 
 # (command, module exposing add_parser(subparsers)) - each module owns its sub-command.
 COMMANDS = [
@@ -13,7 +13,6 @@ COMMANDS = [
     ("engine", "rollout.cli.engine"),
     ("serve", "rollout.cli.serve"),
 ]
-
 
 
 class _Parser(argparse.ArgumentParser):

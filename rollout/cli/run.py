@@ -79,30 +79,31 @@ def _vocab(cfg, model_path: str) -> int:
 
 
 def main(args) -> int:
-    from rollout import config as rconfig
+    """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
     from rollout import group_log
-    from rollout.cli import CliError
+    from rollout.config import resolve_model
+    from rollout.errors import CliError
+    from training_configs.schema import ConfigError, load_config
 
-    meta = _resumed_run(args) if args.resume else None
-    if args.config is None:
+    if args.config is None and not args.resume:
         raise CliError("run: --config is required (or --resume OUTPUT)")
-    try:
-        cfg = rconfig.load(args.config)
-        model_path = rconfig.resolve_model(cfg)
-    except rconfig.ConfigError as e:
-        raise CliError(str(e)) from None
-    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if args.base_port is not None and not 1024 <= args.base_port <= 65000:
+        raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
+    out_dir = os.path.dirname(os.path.abspath(args.resume or args.output))
     if not os.path.isdir(out_dir):
         raise CliError(f"--output: directory {out_dir} does not exist")
+    meta = _resumed_run(args) if args.resume else None
+    try:
+        cfg = load_config(args.config)
+        model_path = resolve_model(cfg)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
     if args.base_port is not None:
-        if not 1024 <= args.base_port <= 65000:
-            raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
         cfg.rollout.base_port = args.base_port
-    n = args.num_groups or cfg.rollout.batch_size
-    log_dir = args.log_dir or os.path.abspath(args.output) + ".logs"
     if meta is None:
         meta = {"run_id": uuid.uuid4().hex[:10], "config": os.path.abspath(args.config),
-                "seed": args.seed if args.seed is not None else 0, "num_groups": n}
+                "seed": args.seed if args.seed is not None else 0,
+                "num_groups": args.num_groups or cfg.rollout.batch_size}
         log, done = group_log.start(args.output, meta, overwrite=args.overwrite), set()
     else:
         log, resumed = group_log.resume(args.output)
@@ -116,7 +117,11 @@ def main(args) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        return asyncio.run(_run(cfg, model_path, meta, done, log, args, log_dir))
+        if len(done) >= meta["num_groups"]:   # every id of this run has a line
+            print(f"nothing to run: all {meta['num_groups']} group(s) of run {meta['run_id']} have a line in "
+                  f"{args.output}", file=sys.stderr)
+            return 0
+        return asyncio.run(_run(cfg, model_path, meta, done, log, args))
     finally:
         log.close()
 
@@ -124,7 +129,7 @@ def main(args) -> int:
 def _resumed_run(args) -> dict:
     """`--resume OUTPUT`: the run's recorded config, group count and seed (a differing flag is refused)."""
     from rollout import group_log
-    from rollout.cli import CliError
+    from rollout.errors import CliError
 
     meta = group_log.read_meta(args.resume)
     for flag, given, recorded in (("--config", args.config and os.path.abspath(args.config), meta["config"]),
@@ -136,7 +141,7 @@ def _resumed_run(args) -> dict:
     return meta
 
 
-def _backend(kind: str, log_dir: str, cfg):
+def _backend(kind: str, log_dir: str, cfg=None):
     if kind == "ray":
         from rollout.engines.ray_backend import RayBackend
         # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
@@ -146,26 +151,27 @@ def _backend(kind: str, log_dir: str, cfg):
     return LocalBackend(log_dir)
 
 
-async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: str) -> int:
-    from rollout.cli.console import progress_bar, say, start_failure, stderr_console
+async def _run(cfg, model_path: str, meta: dict, done: set, log, args) -> int:
+    """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
+    from rollout.cli.console import progress_bar, start_failure, stderr_console
+    from rollout.cli.run_report import Tally, verdict
     from rollout.engines.lifecycle import EngineStartError
     from rollout.engines.readiness import ReadinessError, RichView
-    from rollout.manager import EnginesLost, RolloutManager, group_record
-    from rollout.states import SampleStatus
+    from rollout.errors import EnginesLost
+    from rollout.manager import RolloutManager, group_record
     from rollout.stream import GroupStream
+    from rollout.types import Group, group_id
 
     console = stderr_console()
     progress = progress_bar(console)
-    backend = _backend(args.backend, log_dir, cfg)
-    mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=meta["run_id"])
-    n = meta["num_groups"]
+    n, run_id = meta["num_groups"], meta["run_id"]
     prompts = prompts_for(_vocab(cfg, model_path), n, meta["seed"])
-    todo = [g for g in (mgr.new_group(p, index=i) for i, p in enumerate(prompts)) if g.group_id not in done]
-    if not todo:
-        say(console, f"nothing to run: all {n} group(s) of run {meta['run_id']} have a line in {args.output}")
-        return 0
+    backend = _backend(args.backend, args.log_dir or os.path.abspath(args.output) + ".logs")
+    mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=run_id)
+    todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
+            if group_id(run_id, i) not in done]
     stream = GroupStream(maxsize=max(4, len(todo)))
-    records = {"samples": 0, "failed": 0, "tokens": 0, "per_engine": {}, "reasons": {}}
+    tally = Tally()
     t0 = time.monotonic()
     result, lost = None, None
     with progress:
@@ -179,16 +185,8 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: 
 
         async def consume():
             async for group in stream:  # the trainer side: one fsync'd line per group, as it finishes
-                rec = group_record(group)
-                await asyncio.to_thread(log.append, rec)
-                for s in group.samples:
-                    records["samples"] += 1
-                    records["tokens"] += len(s.response_ids)
-                    if s.status == SampleStatus.FAILED:
-                        records["failed"] += 1
-                        records["reasons"][s.error] = records["reasons"].get(s.error, 0) + 1
-                    per = records["per_engine"]
-                    per[s.engine] = per.get(s.engine, 0) + 1
+                await asyncio.to_thread(log.append, group_record(group))
+                tally.add(group)
                 progress.advance(bar)
 
         consumer = asyncio.create_task(consume())
@@ -200,55 +198,5 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: 
             await stream.close()
             await consumer
             await mgr.stop()
-    written = len(done) + log.lines
-    return _verdict(console, mgr, result, lost, records, meta, written, args, t_ready, time.monotonic() - t0)
-
-
-def _verdict(console, mgr, result, lost, records, meta, written, args, t_ready, wall) -> int:
-    """The summary, then the exit status: 1 when groups are missing or too many samples failed."""
-    from rollout.cli.console import say
-
-    n = meta["num_groups"]
-    if result is not None:
-        _summary(console, mgr, result, records, n, written, t_ready, wall, args.output, meta["run_id"])
-    if lost is not None:
-        say(console, f"error: {lost}")
-    elif written < n:
-        say(console, f"error: {n - written} of {n} group(s) have no line in {args.output}")
-    frac = records["failed"] / max(records["samples"], 1)
-    if records["failed"] and frac > args.max_failed_fraction:
-        reason, k = max(records["reasons"].items(), key=lambda kv: kv[1])
-        say(console, f"error: {records['failed']} of {records['samples']} samples failed ({frac:.1%} > "
-                     f"--max-failed-fraction {args.max_failed_fraction:g}); most common: {reason} (x{k})")
-        return 1
-    if lost is not None or written < n:
-        say(console, f"continue with: slime-moe-rollout run --resume {args.output}")
-        return 1
-    return 0
-
-
-def _summary(console, mgr, result, records, n, written, t_ready, wall, output, run_id) -> None:
-    from rich.table import Table
-
-    from rollout.states import EngineEvent
-
-    t = Table(title=f"rollout summary (run {run_id})", show_header=False)
-    per = records["per_engine"]
-    why = "; ".join(f"{r} (x{k})" for r, k in sorted(records["reasons"].items(), key=lambda kv: -kv[1])[:3])
-    rows = [
-        ("groups written", f"{written} / {n} ({result.delivered} in this run)"),
-        ("samples", f"{records['samples']} ({records['failed']} failed{': ' + why if why else ''})"),
-        ("response tokens", str(records["tokens"])),
-        ("engines ready after", f"{t_ready:.1f} s"),
-        ("first group after", f"{result.first_group_s:.2f} s of rollout" if result.first_group_s else "-"),
-        ("rollout time", f"{result.wall_s:.2f} s ({records['tokens'] / max(result.wall_s, 1e-9):.1f} tokens/s)"),
-        ("re-sent requests", f"{result.resent} (+{result.unrouted_aborts} queued aborts resumed)"),
-        ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(per.items())) or "-"),
-        ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
-                                     f" ({sum(mgr.restart_failures.values())} failed restarts)"),
-        ("total time", f"{wall:.1f} s"),
-        ("output", output),
-    ]
-    for k, v in rows:
-        t.add_row(k, v)
-    console.print(t)
+    return verdict(console, mgr, result, lost, tally, meta, len(done) + log.lines, args, t_ready,
+                   time.monotonic() - t0)

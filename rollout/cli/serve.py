@@ -22,7 +22,7 @@ import sys
 import time
 
 from rollout.cli.console import say as _say
-from rollout.states import EngineEvent
+from rollout.types import EngineEvent
 
 
 def add_parser(sub) -> None:

@@ -16,7 +16,7 @@ import binascii
 import numpy as np
 import pybase64
 
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
 from .layout import MoELayout
 
 INT32 = np.dtype("<i4")

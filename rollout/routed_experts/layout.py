@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,12 @@ class MoELayout:
     def from_first_k_dense(cls, num_hidden_layers, first_k_dense, num_experts, topk):
         """GLM-4.5 / DeepSeek style: layers ``[0, first_k_dense)`` are dense, the rest route."""
         return cls(num_hidden_layers, tuple(range(first_k_dense, num_hidden_layers)), num_experts, topk)
+
+    @classmethod
+    def from_model(cls, model):
+        """From a training config's ``model`` section (``num_layers``, ``first_k_dense_replace``,
+        ``num_experts``, ``topk``)."""
+        return cls.from_first_k_dense(model.num_layers, model.first_k_dense_replace, model.num_experts, model.topk)
 
     @classmethod
     def from_layer_freq(cls, moe_layer_freq, num_experts, topk, num_hidden_layers=None):

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
 from .layout import MoELayout
 from .replay_padding import PAD, fill_pad_rows, pad_row_mask
 

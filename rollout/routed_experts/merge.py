@@ -1,16 +1,27 @@
-"""Partial rollouts: join routed-expert segments, and the one call the rollout manager makes.
+"""The one routed-experts call per SGLang answer: decode, validate, refuse retracted routes, merge segments.
 
+The dispatcher calls ``sample_routed_experts`` for every answer of a sample that asked for routed
+experts, whichever caller (the rollout manager's groups, the slime adapter's single samples) sent it.
 A continued request sends ``routed_experts_start_len = S`` (SGLang: "response covers
 ``[S, seqlen - 1)``"); its payload holds rows ``[S, len(tokens) - 1)``, and rows ``[0, S)`` come
-from the segment already held.
+from the segment already held (``continuation_start`` says which S to send).
 """
 from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
+
 from .layout import MoELayout
+from .retraction import retraction_reason
 from .validate import decode_compact
+
+
+def continuation_start(held, num_tokens: int) -> int:
+    """The ``routed_experts_start_len`` to send for a sample of ``num_tokens`` tokens holding ``held``:
+    the rows already held (none held: 0, the whole sequence is asked for again)."""
+    return 0 if held is None else min(int(held.shape[0]), max(0, num_tokens - 1))
 
 
 def merge_segments(held, new: np.ndarray, start_len: int) -> np.ndarray:
@@ -27,17 +38,22 @@ def merge_segments(held, new: np.ndarray, start_len: int) -> np.ndarray:
     return np.concatenate([held[:start_len], new])
 
 
-def sample_routed_experts(meta_info: dict, num_tokens: int, layout: MoELayout, held=None, start_len=None):
-    """What the rollout manager calls per finished request. Never raises for bad data.
+def sample_routed_experts(meta_info: dict, num_tokens: int, layout: MoELayout, held=None, start_len=None,
+                          sent_version: Optional[str] = None):
+    """The sample's routed experts after one answer. Never raises for bad data.
 
     ``num_tokens``: ``len(sample.tokens)`` including the new response. ``start_len``: the
     ``routed_experts_start_len`` sent with the request (default: ``meta_info``'s, else 0; SGLang
     0.5.23 does not echo it). ``held``: the compact array from the earlier segment, if any.
+    ``sent_version``: the engine's weight version when the request was sent (retraction check).
     Returns ``(compact, None)`` or ``(None, one_line_reason)``; on a reason, mark the sample failed.
     """
     try:
         if not isinstance(meta_info, Mapping):
             raise RoutedExpertsError(f"meta_info is a {type(meta_info).__name__}, expected a dict")
+        reason = retraction_reason(meta_info, sent_version)   # miles#3277: routes recomputed under newer weights
+        if reason:
+            raise RoutedExpertsError(reason)
         if start_len is None:
             start_len = meta_info.get("routed_experts_start_len", 0) or 0
         new = decode_compact(meta_info.get("routed_experts"), layout, num_tokens, start_len)

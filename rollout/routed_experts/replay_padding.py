@@ -14,7 +14,7 @@ mask, so inventing experts for the -1 slots would change the policy: it is refus
 """
 import numpy as np
 
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
 
 PAD = -1  # a whole row of it marks a padding row
 

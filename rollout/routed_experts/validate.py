@@ -13,7 +13,7 @@ import numpy as np
 
 from .codec import INT32, b64_decode, b64_decoded_size, decode_int32
 from .dupcheck import DupChecker
-from .errors import RoutedExpertsError
+from rollout.errors import RoutedExpertsError
 from .layout import MoELayout
 
 BLOCK_BYTES = 1 << 18  # int32 bytes per block (256 KiB: stays in L2)
@@ -50,14 +50,6 @@ def decode_compact(payload, layout: MoELayout, num_tokens: int, start_len: int =
         r1 = min(rows, r0 + block)
         checker.check(source.rows(r0, r1), out[r0:r1], r0, start_len)
     return out
-
-
-def try_decode_compact(payload, layout: MoELayout, num_tokens: int, start_len: int = 0):
-    """Like ``decode_compact`` but never raises for a bad payload: ``(compact, None)`` or ``(None, reason)``."""
-    try:
-        return decode_compact(payload, layout, num_tokens, start_len), None
-    except RoutedExpertsError as e:
-        return None, str(e)
 
 
 def _check_size(n_bytes: int, rows: int, layout: MoELayout, start_len: int) -> int:

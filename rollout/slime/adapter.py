@@ -20,7 +20,8 @@ sample; slime itself then applies its hooks and reward.
 
 The backend is a `RolloutManager` attached to the workers registered with slime's router
 (`attach.attach_workers`: the router only says who they are; they are re-listed every step, so engines
-slime restarts or removes are followed); `set_backend()` injects another manager-like object (tests).
+slime restarts or removes are followed); `set_backend()` uses another manager instead. Only the manager's
+public calls are used: `new_group`, `rollout`, `carried`, `relist`, `generate`, `set_weight_version`.
 """
 from __future__ import annotations
 
@@ -29,10 +30,13 @@ import inspect
 import itertools
 import threading
 
+from rollout.routed_experts import decode_compact, to_slime_shape
 from rollout.slime import attach
 from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
+from rollout.types import Sample as ManagerSample
+from rollout.types import SampleStatus
 
-__all__ = ["generate", "generate_rollout", "reset", "set_backend"]
+__all__ = ["generate", "generate_rollout", "reset", "set_backend", "set_tokenizer"]
 
 _STATE: dict = {}
 _LOCK = threading.Lock()
@@ -67,35 +71,32 @@ def _loop() -> attach.Loop:
 
 
 # ------------------------------------------------------------------ wiring
-def set_backend(backend, tokenizer=None, layout=None) -> None:
-    """Use `backend` (manager-like) for every later call; `layout` is a `MoELayout` (routed experts only)."""
-    _STATE.update(backend=backend, tokenizer=tokenizer, layout=layout)
+def set_backend(backend, tokenizer=None) -> None:
+    """Use `backend` (a `RolloutManager`, attached or started) for every later call."""
+    _STATE.update(backend=backend, tokenizer=tokenizer)
+
+
+def set_tokenizer(tokenizer) -> None:
+    """The tokenizer for prompts without tokens (None: every prompt arrives as tokens)."""
+    _STATE["tokenizer"] = tokenizer
 
 
 def reset() -> None:
-    """Close an attached backend's HTTP session and forget the backend (the next call attaches again)."""
-    backend = _STATE.get("backend")
-    session = getattr(backend, "session", None)
-    if session is not None and "loop" in _STATE and not session.closed:
-        _STATE["loop"].run(session.close())
-    for key in ("backend", "tokenizer", "layout", "pending"):
+    """Stop the backend (closing its HTTP session) and forget it, with its carried groups (the next call
+    attaches again)."""
+    backend = _STATE.pop("backend", None)
+    if backend is not None and "loop" in _STATE:
+        backend.drop_carried()
+        _STATE["loop"].run(backend.stop())
+    for key in ("tokenizer", "pending"):
         _STATE.pop(key, None)
 
 
 def _ensure(args):
     if "backend" not in _STATE:
-        layout = attach.moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
-        backend = _loop().run(attach.attach_workers(args, layout))
         tokenizer = _STATE["tokenizer"] if "tokenizer" in _STATE else _load_tokenizer(args)
-        set_backend(backend, tokenizer, layout)
-    return _STATE["backend"], _STATE.get("tokenizer"), _STATE.get("layout")
-
-
-async def _relist(backend, max_age_s: float = 0.0) -> None:
-    """Follow the workers slime's router lists now (engines slime restarted, added or removed)."""
-    sync = getattr(getattr(backend, "dispatcher", None), "sync", None)
-    if sync is not None:
-        await sync(max_age_s)
+        set_backend(_loop().run(attach.attach_workers(args)), tokenizer)
+    return _STATE["backend"], _STATE.get("tokenizer")
 
 
 def _load_tokenizer(args):
@@ -114,29 +115,23 @@ def _prompt_ids(sample, tokenizer) -> list:
     return list(tokenizer.encode(sample.prompt, add_special_tokens=False))
 
 
-def fill_sample(args, dst: Sample, src, layout=None, prior_routed=None) -> Sample:
+def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
     """Replay the manager sample's SGLang answers into slime's `Sample` through slime's own
-    `append_response_tokens`, then set `rollout_routed_experts` in slime's shape."""
+    `append_response_tokens`, then set `rollout_routed_experts` (already merged) in slime's shape."""
     if not dst.tokens:
         dst.tokens = list(src.prompt_ids)
     pos = len(dst.tokens) - len(src.prompt_ids)          # response tokens slime already holds
-    for n, text, meta in getattr(src, "outputs", []):
+    for n, text, meta in src.outputs:
         dst.append_response_tokens(args, tokens=src.response_ids[pos:pos + n], log_probs=src.logprobs[pos:pos + n],
                                    trainable=True, meta_info=meta, text=text)
         pos += n
-    if src.status == "truncated" and not getattr(src, "outputs", None):
+    if src.status is SampleStatus.TRUNCATED and not src.outputs:
         dst.status = Sample.Status.TRUNCATED               # budget already used up: no request
-    elif src.status == "failed":
+    elif src.status is SampleStatus.FAILED:
         dst.status = Sample.Status.FAILED
         dst.metadata = dict(dst.metadata or {}, slime_moe_rollout_error=src.error)
     if src.routed_experts is not None and layout is not None:
-        from rollout.routed_experts import to_slime_shape
-        full = to_slime_shape(src.routed_experts, layout)
-        missing = len(dst.tokens) - 1 - full.shape[0]
-        if missing > 0 and prior_routed is not None:   # continuation: earlier rows come from slime's sample
-            import torch
-            full = torch.cat([torch.as_tensor(prior_routed)[:missing], full], dim=0)
-        dst.rollout_routed_experts = full
+        dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
     return dst
 
 
@@ -206,7 +201,7 @@ class _Sink:
         if group.group_id in self.seen:
             return False
         self.seen.add(group.group_id)
-        slime_group, _ = self.pending.pop(group.group_id)
+        slime_group = self.pending.pop(group.group_id)
         if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
             return False
         for dst, src in zip(slime_group, group.samples):
@@ -225,17 +220,16 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     if evaluation:
         return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
-    backend, tokenizer, layout = _ensure(args)
+    backend, tokenizer = _ensure(args)
     n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
-    if getattr(backend, "n_samples", n) != n:
+    if backend.n_samples != n:
         raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
     pending: dict = _STATE.setdefault("pending", {})   # manager group id -> slime samples (carried too)
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
-    sink = _Sink(args, pending, layout, want)
+    sink = _Sink(args, pending, backend.layout, want)
     results = []
     while len(sink.groups) < want:
-        need = want - len(sink.groups)
-        carried = len(getattr(backend, "carry", []) or [])
+        carried = len(backend.carried)
         new_groups: list = []
         while len(sink.groups) + carried + len(new_groups) < want:   # slime: over_sampling_batch_size a time
             got = data_source.get_samples(over)
@@ -243,81 +237,36 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
                 break
             new_groups += got
         sink.started = len(sink.groups) + carried + len(new_groups)
-        results.append(_loop().run(_run(backend, sink, new_groups, tokenizer, pending, need)))
+        groups = [backend.new_group(_prompt_ids(g[0], tokenizer)) for g in new_groups]
+        pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, new_groups))
+        results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups))))
         if not new_groups and not carried:
             break
+    return _output(args, backend, sink, results, data_source)
+
+
+async def _step(backend, groups, sink, need):
+    await backend.relist()   # the workers slime's router lists now (engines slime restarted, added or removed)
+    return await backend.rollout(groups, sink, batch_size=need)
+
+
+def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
+    """slime's last steps (groups by index, sample filter, all-samples process) and the step's metrics."""
     data = sorted(sink.groups, key=lambda g: g[0].index if g[0].index is not None else 0)
     all_groups = sorted(sink.all_groups, key=lambda g: g[0].index if g[0].index is not None else 0)
     if getattr(args, "rollout_sample_filter_path", None):
         _load(args.rollout_sample_filter_path)(args, data)
     if getattr(args, "rollout_all_samples_process_path", None):
         _load(args.rollout_all_samples_process_path)(args, all_groups, data_source)
-    _note_weight_version(backend, data)
-    metrics = dict(sink.filter.metrics())
-    metrics.update({"rollout/groups": len(data), "rollout/carried": getattr(results[-1], "carried", 0),
-                    "rollout/resent": sum(getattr(r, "resent", 0) for r in results),
-                    "rollout/first_group_s": getattr(results[0], "first_group_s", None),
-                    "rollout/wall_s": sum(getattr(r, "wall_s", 0.0) or 0.0 for r in results)})
-    return RolloutFnTrainOutput(samples=data, metrics=metrics)
-
-
-async def _run(backend, sink, new_groups, tokenizer, pending, need):
-    await _relist(backend)
-    prompts = [_prompt_ids(g[0], tokenizer) for g in new_groups]
-    made: list = []   # manager group ids, in the order the manager creates the new groups
-    orig = backend.new_group
-
-    def new_group(prompt_ids):   # the manager creates every new group before dispatching any
-        group = orig(prompt_ids)
-        made.append(group.group_id)
-        return group
-
-    backend.new_group = new_group
-    reg = _Register(sink, made, list(zip(new_groups, prompts)), pending)
-    try:
-        result = await backend.rollout(prompts, reg, batch_size=need)
-    finally:
-        backend.new_group = orig
-    reg.bind()   # groups that are all carried to the next step were never put
-    _rebind_carried(backend, pending)
-    return result
-
-
-def _note_weight_version(backend, groups) -> None:
-    """Tell the manager the weight version its engines serve now (what a restarted engine must match)."""
-    versions = [s.weight_versions[-1] for g in groups for s in g if s.weight_versions]
-    if versions and hasattr(backend, "set_weight_version"):
+    versions = [s.weight_versions[-1] for g in data for s in g if s.weight_versions]
+    if versions:   # the version the engines serve now: what a restarted engine must match
         backend.set_weight_version(versions[-1])
-
-
-def _rebind_carried(backend, pending: dict) -> None:
-    """Without partial rollout the manager re-creates unfinished groups under new ids (same prompt):
-    move their slime samples to the new ids so the next step can still return them."""
-    stale = {gid: v for gid, v in pending.items() if gid not in {g.group_id for g in getattr(backend, "carry", [])}}
-    for g in getattr(backend, "carry", []) or []:
-        if g.group_id in pending:
-            continue
-        for gid, (slime_group, prompt) in list(stale.items()):
-            if prompt == tuple(g.prompt_ids):
-                pending[g.group_id] = pending.pop(gid)
-                del stale[gid]
-                break
-
-
-class _Register:
-    """Sink wrapper: binds manager group ids (known only once the manager made the groups) to slime groups."""
-
-    def __init__(self, sink, made, todo, pending):
-        self.sink, self.made, self.todo, self.pending = sink, made, todo, pending
-
-    def bind(self) -> None:
-        while self.made and self.todo:
-            slime_group, prompt = self.todo.pop(0)
-            self.pending[self.made.pop(0)] = (slime_group, tuple(prompt))
-
-    async def put(self, group) -> bool:
-        self.bind()
-        return await self.sink.put(group)
+    metrics = dict(sink.filter.metrics())
+    metrics.update({"rollout/groups": len(data), "rollout/carried": results[-1].carried if results else 0,
+                    "rollout/resent": sum(r.resent for r in results),
+                    "rollout/first_group_s": results[0].first_group_s if results else None,
+                    "rollout/wall_s": sum(r.wall_s for r in results)})
+    return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
 _SAMPLE_IDS = itertools.count()
@@ -326,28 +275,26 @@ _SAMPLE_IDS = itertools.count()
 async def generate(args, sample, sampling_params, evaluation=False):
     """slime `--custom-generate-function-path` entry point: one sample through the manager.
     `sampling_params["max_new_tokens"]` is the total response budget (slime's rule)."""
-    from rollout.dispatch import Sample as MSample
     budget = int(sampling_params["max_new_tokens"])
     if budget < sample.response_length:
         raise ValueError(f"max_new_tokens {budget} < response_length {sample.response_length}")
     if budget == sample.response_length:
         sample.status = Sample.Status.TRUNCATED
         return sample
-    backend, tokenizer, layout = _ensure(args)
+    backend, tokenizer = _ensure(args)
     ids = _prompt_ids(sample, tokenizer)
     cut = len(ids) - sample.response_length if sample.tokens else len(ids)
     k = next(_SAMPLE_IDS)
-    ms = MSample(f"slime{k}/0", f"slime{k}", 0, ids[:cut], response_ids=ids[cut:],
-                 logprobs=[0.0] * (len(ids) - cut), max_new_tokens=budget)
-    params = {key: v for key, v in sampling_params.items() if key != "max_new_tokens"}
-    prior = sample.rollout_routed_experts
+    ms = ManagerSample(f"slime{k}/0", f"slime{k}", 0, ids[:cut], response_ids=ids[cut:],
+                       logprobs=[0.0] * (len(ids) - cut), max_new_tokens=budget)
+    if backend.layout is not None and sample.rollout_routed_experts is not None and len(ids) > 1:
+        held = sample.rollout_routed_experts   # the rows slime holds: checked, then continued
+        ms.routed_experts = decode_compact(held, backend.layout, len(held) + 1)
+    params = {key: v for key, v in sampling_params.items() if key != "max_new_tokens"}   # slime sent its own seed
 
     async def run():
-        import copy
-        await _relist(backend, max_age_s=5.0)
-        disp = copy.copy(backend.dispatcher)   # shares engines, slots and lock; other sampling params
-        disp.sampling, disp.seeds = dict(disp.sampling, **params), None   # slime sent its own seed
-        return await disp.run(ms)
+        await backend.relist(max_age_s=5.0)
+        return await backend.generate(ms, params)
 
     done = await _loop().run_async(run())
-    return fill_sample(args, sample, done, layout, prior_routed=prior)
+    return fill_sample(args, sample, done, backend.layout)

@@ -135,9 +135,10 @@ except ImportError:
             self.prefix_cache_info.total_prompt_tokens += meta.get("prompt_tokens", 0)
             if "weight_version" in meta:
                 self.weight_versions.append(meta["weight_version"])
-            status = {"length": "TRUNCATED", "abort": "ABORTED", "stop": "COMPLETED"}.get(meta["finish_reason"]["type"])
-            if status:
-                self.status = Sample.Status[status]
+            status = {"length": Sample.Status.TRUNCATED, "abort": Sample.Status.ABORTED,
+                      "stop": Sample.Status.COMPLETED}.get(meta["finish_reason"]["type"])
+            if status is not None:
+                self.status = status
 
         def to_dict(self) -> dict:
             value = self.__dict__.copy()
