@@ -41,8 +41,9 @@ def test_carry_list_fits_the_device_limit():
     wheels = plan.read_carry()
     names = {w.name for w in wheels}
     assert {"sglang", "transformers", "tokenizers", "apache-tvm-ffi", "megatron-core"} <= names
-    sglang = next(w for w in wheels if w.name == "sglang")
-    assert sglang.requirement == "sglang==0.5.15.post1" and "cp312" in sglang.filename
+    pins = [ln for ln in (ROOT / "requirements" / f"sglang-{V15}.txt").read_text().splitlines() if "==" in ln]
+    assert set(pins) <= {w.requirement for w in wheels}, "the carried pins differ from the reviewed environment's"
+    assert "cp312" in next(w for w in wheels if w.name == "sglang").filename
     tree = plan.tree_bytes()
     assert plan.check_carry(wheels, None, tree) == [], "the carry list and the tree exceed 64 MiB"
     total = tree + sum(w.size for w in wheels)
@@ -170,6 +171,22 @@ def test_kernel_shim_serves_sgl_kernel_flashinfer_standin_and_torch_jit_ops(tmp_
     assert r.returncode == 0 and r.stdout.strip().endswith("False"), r.stderr[-2000:]
 
 
+def test_engine_modules_import_on_sglang_cuda_branches_with_the_shim(tmp_path):
+    """torch claims CUDA (mocked): every module an engine of the check imports, imports, and the plugin
+    registers its fixes; without the shim the same import stops at flashinfer (the probe finds gaps)."""
+    py, probe = str(python_of(V15)), str(GPU / "cuda_imports.py")
+    r = subprocess.run([py, probe], env=_shim_env(tmp_path), cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["ok"], res["failed"]
+    assert "capture-snapshot" in res["registered"] and not [f for f in res["registered"] if f.startswith("cpu-")]
+    env = _shim_env(tmp_path)
+    del env["GPU_CHECK_SHIM"]
+    r = subprocess.run([py, probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=200)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not res["ok"] and "No module named 'flashinfer'" in res["failed"], res
+
+
 def test_substituted_names_are_sglang_0_5_15_names():
     """Every torch op replaces a name SGLang 0.5.15.post1 really imports: sgl_kernel names from its
     source, jit_kernel functions that its modules define (a typo would leave the real kernel in use)."""
@@ -256,6 +273,27 @@ def test_router_reference_equals_the_tests_reference(tiny_model):
     router = Router(tiny_model, device="cpu")
     for seq in prompts(3):
         assert router(seq) == hf_router_topk(tiny_model, seq)
+
+
+_ROUTER_PROBE = """
+import json, sys
+sys.path[:0] = sys.argv[2:]
+import transformers
+from engine_checks import Router, prompts
+from rollout.tiny_model import expected_experts
+r = Router(sys.argv[1], device="cpu")
+print(json.dumps({"transformers": transformers.__version__,
+                  "equal": [all(r(s)[layer] == expected_experts(s, layer) for layer in (1, 2)) for s in prompts(3)]}))
+"""
+
+
+def test_router_reference_with_sglang_0_5_15s_transformers(tiny_model):
+    """The carried transformers (5.12.1, 0.5.15.post1's pin) routes in the MoE block: Router reads it there."""
+    r = subprocess.run([str(python_of(V15)), "-c", _ROUTER_PROBE, tiny_model, str(GPU), str(ROOT / "tests"), str(ROOT)],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == {"transformers": "5.12.1", "equal": [True, True, True]}
 
 
 # ---------------------------------------------------------------- judges on recorded inputs

@@ -114,12 +114,25 @@ def check_cuda_branches():
     judge("cuda_branches", "FAIL" if bad else "PASS", json.dumps(bad or {k: v["detail"] for k, v in res.items()}))
 
 
+def check_kernel_ops_cuda():
+    """The kernel substitute's CUDA-named torch ops against SGLang's native code, on CUDA tensors."""
+    if not cuda():
+        return judge("kernel_ops_cuda", "SKIP", "no CUDA device")
+    rc, out, err = py(["scripts/gpu_check/ops_check.py", "cuda"], 90)
+    if rc != 0:
+        return judge("kernel_ops_cuda", "FAIL", f"rc {rc}: {err.strip()[-1500:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    bad = {k: v["detail"] for k, v in res.items() if not v["ok"]}
+    judge("kernel_ops_cuda", "FAIL" if bad else "PASS", json.dumps(bad) if bad else f"{len(res)} ops equal SGLang's native")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     from plan import register_entry_point
 
     register_entry_point(sys.argv[1])  # run.sh's install did it too (idempotent)
-    for check in (check_cpu_hook_decision, check_capture_snapshot, check_megatron_replay, check_cuda_branches):
+    for check in (check_cpu_hook_decision, check_capture_snapshot, check_megatron_replay, check_cuda_branches,
+                  check_kernel_ops_cuda):
         try:
             check()
         except Exception as e:  # noqa: BLE001 - a crash of the harness is that check's FAIL

@@ -115,8 +115,10 @@ def ask(eng, ids, n):
 
 
 class Router:
-    """transformers' router on the GPU (fp32): {moe layer: [sorted experts per token]} per sequence
-    (the tests' reference, tests/conftest.hf_router_topk, with the model on `device`)."""
+    """transformers' router on the GPU (fp32): {moe layer: [sorted experts per token]} per sequence.
+    The tests' reference (tests/conftest.hf_router_topk) with the model on `device`, for both layouts:
+    transformers 5.12.1 (SGLang 0.5.15.post1's pin, carried) routes in the MoE block's
+    `route_tokens_to_experts`; newer releases' router returns (logits, weights, indices)."""
 
     def __init__(self, model_path: str, device: str = "cuda"):
         import torch
@@ -126,20 +128,33 @@ class Router:
         self.m = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
         self.cache = {}
 
+    @staticmethod
+    def _tap(mlp, i, cap):
+        if hasattr(mlp, "route_tokens_to_experts"):
+            orig = mlp.route_tokens_to_experts
+
+            def routed(logits):
+                out = orig(logits)
+                cap[i] = out[0]
+                return out
+
+            mlp.route_tokens_to_experts = routed
+            return lambda: delattr(mlp, "route_tokens_to_experts")
+        return mlp.gate.register_forward_hook(lambda mod, a, out: cap.__setitem__(i, out[2])).remove
+
     def __call__(self, seq) -> dict:
         key = tuple(seq)
         if key not in self.cache:
-            cap, hooks = {}, []
+            cap, undo = {}, []
             for i, layer in enumerate(self.m.model.layers):
                 if hasattr(layer.mlp, "gate"):
-                    hooks.append(layer.mlp.gate.register_forward_hook(
-                        lambda mod, a, out, i=i: cap.__setitem__(i, out[2])))
+                    undo.append(self._tap(layer.mlp, i, cap))
             try:
                 with self.torch.no_grad():
                     self.m(self.torch.tensor([list(seq)], device=self.device))
             finally:
-                for h in hooks:
-                    h.remove()
+                for u in undo:
+                    u()
             self.cache[key] = {i: [sorted(r) for r in t.tolist()] for i, t in cap.items()}
         return self.cache[key]
 
@@ -201,7 +216,7 @@ def guarded(name, fn, *args):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the engine logs")
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds for everything here")
+    ap.add_argument("--budget", type=float, default=265.0, help="seconds for everything here")
     ap.add_argument("--requests", type=int, default=8, help="requests of the routed-experts checks")
     args = ap.parse_args(argv)
     budget = plan.Budget(args.budget)

@@ -6,8 +6,8 @@
 #    $SITE, and puts scripts/gpu_check/sitecustomize.py there: every process then serves `sgl_kernel` from
 #    the package's torch substitute and, with GPU_CHECK_KERNELS=torch (default; `jit`: SGLang's own nvcc
 #    JIT kernels), replaces SGLang's JIT kernels by torch ops (scripts/gpu_check/kernel_shim.py).
-# 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py), budget 290 s.
-# 3. basic: the CUDA-stream / megatron / CUDA-branch checks (scripts/gpu_check/checks.py), at most 100 s.
+# 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py), budget 265 s (at most 290).
+# 3. basic: the CUDA-stream / megatron / CUDA-branch / kernel-op checks (scripts/gpu_check/checks.py), at most 100 s.
 # One line per check, `gpu-check NAME: PASS|FAIL|SKIP reason`; everything goes to $OUT/gpu_check.log,
 # engine logs to $OUT/engine-*.log. Wheels are fetched on the CPU machine: scripts/gpu_check/fetch_wheels.sh.
 set -uo pipefail
@@ -25,7 +25,7 @@ mkdir -p "$OUT"
     echo "gpu-check: $(date -u +%FT%TZ) $($PYTHON -V 2>&1) on $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi');" \
          "part $PART, kernels $GPU_CHECK_KERNELS, nvcc $(command -v nvcc || echo none)"
     t0=$SECONDS
-    timeout 150 "$PYTHON" scripts/gpu_check/plan.py install "$WHEELS" "$SITE" "$OUT/pip.log" \
+    timeout 90 "$PYTHON" scripts/gpu_check/plan.py install "$WHEELS" "$SITE" "$OUT/pip.log" \
         || { echo "gpu-check install: FAIL (above; pip's log: $OUT/pip.log)"; exit 1; }
     [ -d "$SITE/sglang" ] || { echo "gpu-check install: FAIL sglang not installed into $SITE"; exit 1; }
     cp scripts/gpu_check/sitecustomize.py "$SITE/sitecustomize.py"
@@ -33,8 +33,8 @@ mkdir -p "$OUT"
     export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 GPU_CHECK_SHIM="$PWD/scripts/gpu_check/kernel_shim.py"
     rc=0
     if [ "$PART" != basic ]; then
-        timeout -k 10 320 "$PYTHON" scripts/gpu_check/engine_checks.py --out "$OUT" --budget 290 || rc=$?
-        [ $rc = 124 ] && echo "gpu-check engine: FAIL the engine checks ran past 320 s"
+        timeout -k 10 290 "$PYTHON" scripts/gpu_check/engine_checks.py --out "$OUT" --budget 265 || rc=$?
+        [ $rc = 124 ] && echo "gpu-check engine: FAIL the engine checks ran past 290 s"
     fi
     if [ "$PART" != engine ]; then
         timeout -k 5 100 "$PYTHON" scripts/gpu_check/checks.py "$SITE"; r=$?
