@@ -2,7 +2,7 @@
 GPU here), and load the plugin: import-time gaps of the substitutes on SGLang's CUDA branches
 (a missing `sgl_kernel` submodule, a flashinfer or cutlass import) show on CPU before any device time.
 
-    python scripts/gpu_check/cuda_imports.py   -> one JSON object {"ok", "imported", "failed", "registered"}
+    python scripts/gpu_check/cuda_imports.py [MODULE ...]   -> one JSON object {"ok", "imported", "failed", "registered"}
 Run with the device check's PYTHONPATH (<site with sitecustomize.py>:<repo>) and GPU_CHECK_SHIM set.
 Nothing is run on a device: only module import (and the plugin's registration) is exercised.
 """
@@ -23,7 +23,7 @@ MODULES = (
 )
 
 
-def run() -> dict:
+def run(modules=MODULES) -> dict:
     import torch
     import torchvision  # noqa: F401  (CPU torch: its ops are defined while torch still says CPU)
 
@@ -33,7 +33,7 @@ def run() -> dict:
             mock.patch.object(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0)), \
             mock.patch.object(torch.cuda, "device_count", lambda: 1), \
             mock.patch.object(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H200"):
-        for name in MODULES:
+        for name in modules:
             try:
                 importlib.import_module(name)
             except Exception as e:  # noqa: BLE001 - the first gap is the answer
@@ -53,5 +53,5 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run()))
+    print(json.dumps(run(tuple(sys.argv[1:]) or MODULES)))
     sys.stdout.flush()

@@ -20,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(HERE)]
+import judges  # noqa: E402
 import plan  # noqa: E402
 
 RESULTS = []
@@ -28,7 +29,7 @@ LOAD_CONCURRENCY, LOAD_NEW = 16, 48
 SPEED_ROUNDS = 3
 
 
-def report(v: "plan.Verdict") -> None:
+def report(v: "judges.Verdict") -> None:
     RESULTS.append(v)
     print(v.line(), flush=True)
 
@@ -89,7 +90,7 @@ def wait_all(engines, specs, budget) -> dict:
         time.sleep(1.0)
     for spec in specs:
         s = state[spec.name]
-        report(plan.judge_engine_up(spec.name, s if isinstance(s, float) else None,
+        report(judges.judge_engine_up(spec.name, s if isinstance(s, float) else None,
                                     None if isinstance(s, float) else s))
     return state
 
@@ -163,8 +164,8 @@ def check_routed(name, eng, router, n_req):
     if router is None:
         raise RuntimeError("no transformers reference (see above)")
     recs = [ask(eng, ids, MAX_NEW) for ids in prompts(n_req, seed=1)]  # one at a time: decode graphs bs 1
-    res = plan.routed_mismatches(recs, {tuple(r["seq"]): router(r["seq"]) for r in recs})
-    report(plan.judge_routed(name, n_req, res))
+    res = judges.routed_mismatches(recs, {tuple(r["seq"]): router(r["seq"]) for r in recs})
+    report(judges.judge_routed(name, n_req, res))
 
 
 def load(eng, ids_list, n):
@@ -181,8 +182,8 @@ def check_snapshot(engines, router):
         recs = []
         for _ in range(2):
             recs += load(engines[name], batch, LOAD_NEW)
-        res[name] = plan.routed_mismatches(recs, {tuple(r["seq"]): router(r["seq"]) for r in recs})
-    report(plan.judge_snapshot(res["no-snapshot"], res["plugin"]))
+        res[name] = judges.routed_mismatches(recs, {tuple(r["seq"]): router(r["seq"]) for r in recs})
+    report(judges.judge_snapshot(res["no-snapshot"], res["plugin"]))
 
 
 def check_speed(engines):
@@ -195,7 +196,7 @@ def check_speed(engines):
             t0 = time.perf_counter()
             recs = load(engines[name], batch, LOAD_NEW)
             tps[name].append(sum(r["out"] for r in recs) / (time.perf_counter() - t0))
-    report(plan.judge_speed(tps["plugin"], tps["no-plugin"]))
+    report(judges.judge_speed(tps["plugin"], tps["no-plugin"]))
 
 
 def check_status(eng, spec):
@@ -203,14 +204,14 @@ def check_status(eng, spec):
     p = subprocess.run([sys.executable, "-m", "rollout.cli", "patches", "status"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     print("  " + "\n  ".join((p.stdout + p.stderr).strip().splitlines()), flush=True)
-    report(plan.judge_status(p.returncode, p.stdout, eng.active_fixes()))
+    report(judges.judge_status(p.returncode, p.stdout, eng.active_fixes()))
 
 
 def guarded(name, fn, *args):
     try:
         fn(*args)
     except Exception as e:  # noqa: BLE001 - a crash of one check is that check's FAIL
-        report(plan.Verdict(name, False, f"harness: {type(e).__name__}: {str(e)[-600:]}"))
+        report(judges.Verdict(name, False, f"harness: {type(e).__name__}: {str(e)[-600:]}"))
 
 
 def main(argv=None) -> int:
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=265.0, help="seconds for everything here")
     ap.add_argument("--requests", type=int, default=8, help="requests of the routed-experts checks")
     args = ap.parse_args(argv)
-    budget = plan.Budget(args.budget)
+    budget = judges.Budget(args.budget)
     from rollout.tiny_model import build_tiny_glm
 
     t0 = time.time()
@@ -232,8 +233,8 @@ def main(argv=None) -> int:
         up = {n for n, s in state.items() if isinstance(s, float)}
         for spec in specs:
             if spec.name in up:
-                report(plan.judge_graphs(spec.name, spec.kind, engines[spec.name].log_text()))
-                calls = plan.substitute_calls(engines[spec.name].log_text())
+                report(judges.judge_graphs(spec.name, spec.kind, engines[spec.name].log_text()))
+                calls = judges.substitute_calls(engines[spec.name].log_text())
                 print(f"  kernels[{spec.name}]: substitute ops called: {', '.join(calls) or 'none'}", flush=True)
         try:
             router = Router(model)
@@ -247,9 +248,9 @@ def main(argv=None) -> int:
                  ("patches_status", {"plugin"}, check_status, (engines["plugin"], specs[0]))]
         for name, needs, fn, fargs in steps:
             if needs - up:
-                report(plan.Verdict(name, False, f"engine(s) {', '.join(sorted(needs - up))} did not start"))
+                report(judges.Verdict(name, False, f"engine(s) {', '.join(sorted(needs - up))} did not start"))
             elif budget.left() < 20:
-                report(plan.Verdict(name, False, f"out of budget ({budget.elapsed():.0f} s used)"))
+                report(judges.Verdict(name, False, f"out of budget ({budget.elapsed():.0f} s used)"))
             else:
                 guarded(name, fn, *fargs)
             budget.tick(f"after {name}")

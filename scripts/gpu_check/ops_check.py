@@ -14,8 +14,6 @@ from types import SimpleNamespace
 
 
 def _close(a, b, tol):
-    import torch
-
     err = (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
     return bool(err <= tol and a.shape == b.shape), f"max |diff| {err:.2e} (tol {tol:g}), shape {tuple(a.shape)}"
 
