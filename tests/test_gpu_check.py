@@ -170,10 +170,17 @@ def test_kernel_shim_serves_sgl_kernel_flashinfer_standin_and_torch_jit_ops(tmp_
     assert out["sgl_ops"] == sorted(cuda_ops.OPS) and out["sgl_rmsnorm"]
     assert out["jit"] == {m: {n: True for n in t} for m, t in cuda_ops.JIT_OPS.items()}
     assert "gpu-check kernels: first call of sglang.jit_kernel.activation.silu_and_mul" in r.stderr
-    # GPU_CHECK_KERNELS=jit: SGLang's own JIT kernels stay
-    probe = "import sglang.jit_kernel.activation as a; print(hasattr(a.silu_and_mul, '__wrapped__'))"
-    r = subprocess.run([str(py), "-c", probe], env=_shim_env(tmp_path, "jit"), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip().endswith("False"), r.stderr[-2000:]
+    # GPU_CHECK_KERNELS=jit: SGLang's own JIT kernels stay; an image's own sitecustomize still runs
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")
+    env = _shim_env(tmp_path, "jit")
+    env["PYTHONPATH"] = env["PYTHONPATH"].replace(":", f":{image}:", 1)
+    probe = ("import os, sys, sglang.jit_kernel.activation as a; "
+             "print(hasattr(a.silu_and_mul, '__wrapped__'), os.environ.get('IMAGE_SITECUSTOMIZE'), "
+             "'gpu_check_kernel_shim' in sys.modules)")
+    r = subprocess.run([str(py), "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("False ran True"), (r.stdout, r.stderr[-2000:])
 
 
 def test_engine_modules_import_on_sglang_cuda_branches_with_the_shim(tmp_path):
