@@ -10,7 +10,6 @@ forward batch's `_clamp_position_native`; moe_align_block_size is checked agains
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 
 def _close(a, b, tol):
@@ -23,6 +22,11 @@ def run(device: str) -> dict:
 
     from sglang_patches.cpu.sgl_kernel_cpu import cuda_ops as ops
 
+    from rollout.tiny_model import build_tiny_glm
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    # the layers read the process's server args, as in an engine: those of the tiny GLM on this device
+    set_global_server_args_for_scheduler(ServerArgs(model_path=build_tiny_glm(), device=device))
     torch.manual_seed(0)
     out = {}
 
@@ -46,21 +50,18 @@ def run(device: str) -> dict:
     from sglang.srt.layers.activation import GeluAndMul, SiluAndMul
 
     g = torch.randn(T, 64, device=device, dtype=bf)
-    silu = SiluAndMul.forward_native(None, g)  # the layers' own native code (their __init__ wants server args)
+    silu = SiluAndMul().forward_native(g)
     rec("silu_and_mul", _close(ops.silu_and_mul(g), silu, 2e-2))
     buf = torch.empty(T, 32, device=device, dtype=bf)
     ops.silu_and_mul(g, buf)  # the jit_kernel convention: (input, out)
     rec("silu_and_mul(out=)", _close(buf, silu, 2e-2))
-    gelu = GeluAndMul.forward_native(SimpleNamespace(approximate="none"), g)
+    gelu = GeluAndMul().forward_native(g)
     rec("gelu_and_mul", _close(ops.gelu_and_mul(g), gelu, 2e-2))
 
-    from unittest import mock
-
-    import sglang.srt.layers.rotary_embedding.base as rope_mod
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     for neox in (True, False):  # the tiny GLM: head 16, partial rotary 8 (neox)
-        with mock.patch.object(rope_mod, "get_global_server_args", lambda: SimpleNamespace(rl_on_policy_target=None)):
-            rope = rope_mod.RotaryEmbedding(16, 8, 2048, 10000, neox, torch.float32).to(device)
+        rope = RotaryEmbedding(16, 8, 2048, 10000, neox, torch.float32).to(device)
         pos = torch.tensor([0, 3, 17, 1000, 5], device=device)
         q, k = torch.randn(5, 4 * 16, device=device), torch.randn(5, 2 * 16, device=device)
         wq, wk = rope.forward_native(pos, q.clone(), k.clone())
