@@ -2,10 +2,10 @@
 graphs, overlap scheduling, routed experts; one judged line per check (`gpu-check NAME: PASS|FAIL ...`).
 
 Run by scripts/gpu_check/run.sh (PYTHONPATH=<site>:<repo>, the kernel shim in <site>/sitecustomize.py):
-    python scripts/gpu_check/engine_checks.py --out DIR [--budget S] [--requests N]
+    python scripts/gpu_check/engine_checks.py --work DIR [--budget S] [--requests N]
 Four engines start side by side on the one GPU (plan.engine_specs): the plugin; the plugin without
 capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin. The tiny GLM-4.5 (bf16) is
-built locally. Exit status 1 if any check FAILs. Engine logs go to DIR/engine-NAME.log.
+built locally in DIR. Exit status 1 if any check FAILs. Engine logs go to DIR/engine-NAME.log.
 """
 import argparse
 import json
@@ -216,7 +216,7 @@ def guarded(name, fn, *args):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for the engine logs")
+    ap.add_argument("--work", required=True, help="folder for the tiny model and the engine logs")
     ap.add_argument("--budget", type=float, default=265.0, help="seconds for everything here")
     ap.add_argument("--requests", type=int, default=8, help="requests of the routed-experts checks")
     args = ap.parse_args(argv)
@@ -224,10 +224,10 @@ def main(argv=None) -> int:
     from rollout.tiny_model import build_tiny_glm
 
     t0 = time.time()
-    model = build_tiny_glm(os.path.join(args.out, "tiny-glm45"), variant="random")
+    model = build_tiny_glm(os.path.join(args.work, "tiny-glm45"), variant="random")
     print(f"  tiny GLM-4.5 (bf16) built in {time.time() - t0:.1f} s at {model}", flush=True)
     specs = plan.engine_specs()
-    engines = start(specs, model, args.out)
+    engines = start(specs, model, args.work)
     try:
         state = wait_all(engines, specs, budget)
         up = {n for n, s in state.items() if isinstance(s, float)}

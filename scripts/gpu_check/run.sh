@@ -9,7 +9,7 @@
 # 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py), budget 265 s (at most 290).
 # 3. basic: the CUDA-stream / megatron / CUDA-branch / kernel-op checks (scripts/gpu_check/checks.py), at most 100 s.
 # One line per check, `gpu-check NAME: PASS|FAIL|SKIP reason`; everything goes to $OUT/gpu_check.log,
-# engine logs to $OUT/engine-*.log. Wheels are fetched on the CPU machine: scripts/gpu_check/fetch_wheels.sh.
+# the engine logs are copied to $OUT/engine-*.log (6 files in all come back). Wheels are fetched on the CPU machine: scripts/gpu_check/fetch_wheels.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PART=${1:-all}
@@ -18,6 +18,7 @@ PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-.gpu}
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:-/tmp/gpu_check_out}
+WORK=${WORK:-/tmp/gpu_check_work}  # the tiny model, engine logs (copied to $OUT at the end), secret configs
 export GPU_CHECK_KERNELS=${GPU_CHECK_KERNELS:-torch}
 case "$GPU_CHECK_KERNELS" in torch|jit) ;; *) echo "run.sh: GPU_CHECK_KERNELS=$GPU_CHECK_KERNELS: choose torch or jit" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
@@ -33,8 +34,9 @@ mkdir -p "$OUT"
     export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 GPU_CHECK_SHIM="$PWD/scripts/gpu_check/kernel_shim.py"
     rc=0
     if [ "$PART" != basic ]; then
-        timeout -k 10 290 "$PYTHON" scripts/gpu_check/engine_checks.py --out "$OUT" --budget 265 || rc=$?
+        timeout -k 10 290 "$PYTHON" scripts/gpu_check/engine_checks.py --work "$WORK" --budget 265 || rc=$?
         [ $rc = 124 ] && echo "gpu-check engine: FAIL the engine checks ran past 290 s"
+        cp "$WORK"/engine-*.log "$OUT"/ 2>/dev/null
     fi
     if [ "$PART" != engine ]; then
         timeout -k 5 100 "$PYTHON" scripts/gpu_check/checks.py "$SITE"; r=$?
