@@ -9,7 +9,8 @@
 # 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py), budget 265 s (at most 290).
 # 3. basic: the CUDA-stream / megatron / CUDA-branch / kernel-op checks (scripts/gpu_check/checks.py), at most 100 s.
 # One line per check, `gpu-check NAME: PASS|FAIL|SKIP reason`; everything goes to $OUT/gpu_check.log,
-# the engine logs are copied to $OUT/engine-*.log (6 files in all come back). Wheels are fetched on the CPU machine: scripts/gpu_check/fetch_wheels.sh.
+# the engine logs are copied to $OUT/engine-*.log (6 files in all come back). The wheels are fetched on
+# the CPU machine first: bash scripts/gpu_check/fetch_wheels.sh (see scripts/gpu_check/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PART=${1:-all}
