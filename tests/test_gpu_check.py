@@ -1,10 +1,10 @@
 """CPU dry run of the device check (scripts/gpu_check/): everything it does that needs no CUDA.
 
 The carry list fits the device tool's 64 MiB with the tree; the install plan installs exactly the
-listed wheels (a real offline pip install of a wheel built here, and the unpack fallback); the kernel
-shim serves `sgl_kernel`, the `flashinfer.sampling` stand-in and the torch JIT-kernel ops in a fresh
-interpreter of SGLang 0.5.15.post1's environment, and those ops equal SGLang's own native code on CPU
-tensors; every engine command resolves through SGLang's own ServerArgs to the configuration the
+listed wheels (a real offline pip install of a wheel built here, and the unpack fallback); in a fresh
+interpreter of SGLang 0.5.15.post1's environment the kernel shim serves `sgl_kernel`, flashinfer
+stand-ins and the torch JIT-kernel ops, and the engine's modules import on SGLang's CUDA branches (torch
+claiming a GPU, mocked); those ops equal SGLang's own native code on CPU tensors; every engine command resolves through SGLang's own ServerArgs to the configuration the
 checks assume; the judges give the right verdicts and reasons on recorded inputs. No engine starts.
 """
 import ast
