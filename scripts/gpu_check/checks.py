@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,17 +56,6 @@ def check_cpu_hook_decision():
         env.remove()  # the remaining checks must not run under the CPU hook
         return judge("cpu_hook_decision", "FAIL", f"setup's snippet installed the CPU hook on a GPU machine; {facts}")
     judge("cpu_hook_decision", "PASS", f"no CPU hook; {facts}; {torch.cuda.get_device_name(0)}")
-
-
-def register_entry_point(site: str) -> None:
-    """A dist-info for this checkout in `site`, so SGLang's load_plugins() finds our entry point (as pip would)."""
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    d = Path(site) / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    eps = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
-                  for group, entries in meta["entry-points"].items())
-    (d / "entry_points.txt").write_text(eps)
 
 
 def check_capture_snapshot():
@@ -126,10 +114,25 @@ def check_cuda_branches():
     judge("cuda_branches", "FAIL" if bad else "PASS", json.dumps(bad or {k: v["detail"] for k, v in res.items()}))
 
 
+def check_kernel_ops_cuda():
+    """The kernel substitute's CUDA-named torch ops against SGLang's native code, on CUDA tensors."""
+    if not cuda():
+        return judge("kernel_ops_cuda", "SKIP", "no CUDA device")
+    rc, out, err = py(["scripts/gpu_check/ops_check.py", "cuda"], 90)
+    if rc != 0:
+        return judge("kernel_ops_cuda", "FAIL", f"rc {rc}: {err.strip()[-1500:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    bad = {k: v["detail"] for k, v in res.items() if not v["ok"]}
+    judge("kernel_ops_cuda", "FAIL" if bad else "PASS", json.dumps(bad) if bad else f"{len(res)} ops equal SGLang's native")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
-    register_entry_point(sys.argv[1])
-    for check in (check_cpu_hook_decision, check_capture_snapshot, check_megatron_replay, check_cuda_branches):
+    from plan import register_entry_point
+
+    register_entry_point(sys.argv[1])  # run.sh's install did it too (idempotent)
+    for check in (check_cpu_hook_decision, check_capture_snapshot, check_megatron_replay, check_cuda_branches,
+                  check_kernel_ops_cuda):
         try:
             check()
         except Exception as e:  # noqa: BLE001 - a crash of the harness is that check's FAIL

@@ -35,9 +35,11 @@ OPS = {
 }
 
 
-def trace_first_calls() -> None:
-    """Diagnostics (env SGL_KERNEL_CPU_TRACE=1): print each op's name to stderr on its first call."""
-    for name, fn in list(OPS.items()):
+def trace_first_calls(table=None) -> None:
+    """Diagnostics (env SGL_KERNEL_CPU_TRACE=1): print each op's name to stderr on its first call.
+    `table`: a {name: op} dict to wrap in place (default: OPS)."""
+    table = OPS if table is None else table
+    for name, fn in list(table.items()):
         if getattr(fn, "_traced", False):
             continue
 
@@ -49,4 +51,4 @@ def trace_first_calls() -> None:
             return _fn(*args, **kwargs)
 
         wrapper._traced = True
-        OPS[name] = wrapper
+        table[name] = wrapper
