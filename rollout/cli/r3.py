@@ -79,10 +79,26 @@ def main(args) -> int:
     except (ValueError, OSError) as e:
         raise CliError(f"r3 check: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if args.save_samples:
-        with open(args.save_samples, "w") as f:
-            json.dump({"model": model_path, "samples": [s.as_dict() for s in samples]}, f)
+        _save(args.save_samples, samples, model_path, cfg, args)
     print(json.dumps(rep.as_dict(), indent=2) if args.json else check.table(rep))
     return 0 if rep.replay_reduces else 1
+
+
+def _save(path: str, samples: list, model_path: str, cfg, args) -> None:
+    """The rollout samples with where they came from (engine version, config, model build stamp)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        sglang = version("sglang")
+    except PackageNotFoundError:
+        sglang = None
+    stamp_path = os.path.join(model_path, "tiny_glm_build.json")
+    build = json.load(open(stamp_path)) if os.path.isfile(stamp_path) else None
+    meta = {"sglang": sglang, "config": cfg.name if cfg else None, "url": args.url, "seed": args.seed,
+            "model": os.path.basename(model_path), "build": build}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "samples": [s.as_dict() for s in samples]}, f, separators=(",", ":"))
+        f.write("\n")
 
 
 def _samples(args, cfg, model_path, hf_cfg, prompts_for) -> tuple:

@@ -86,20 +86,24 @@ def corrupted(rows: list, how: str) -> list:
     raise ValueError(f"unknown corruption {how!r} (choose from {', '.join(CORRUPTIONS)})")
 
 
-def evaluate(model, samples: list, corrupt: Optional[str] = None) -> Report:
-    """Both arms on `samples` (RolloutSample); flips are against the captured (true) routing."""
+def arm(model, samples: list, rows: Optional[list] = None) -> Mismatch:
+    """One arm: the trainer forward with its own routing (`rows` None) or `rows` replayed, per sample;
+    flips are counted against the engine's captured routing."""
     captured = [np.asarray(s.routed_experts, np.int64) for s in samples]
-    replayed = corrupted(captured, corrupt) if corrupt else captured
-    arms = {}
-    for arm, rows in (("own", [None] * len(samples)), ("replay", replayed)):
-        lps, used = [], []
-        for s, r in zip(samples, rows):
-            out = recompute(model, s.prompt_ids, s.response_ids, r)
-            lps.append(out.logprobs)
-            used.append(out.routing)
-        arms[arm] = mismatch(lps, [s.logprobs for s in samples], used, captured)
+    lps, used = [], []
+    for s, r in zip(samples, rows if rows is not None else [None] * len(samples)):
+        out = recompute(model, s.prompt_ids, s.response_ids, r)
+        lps.append(out.logprobs)
+        used.append(out.routing)
+    return mismatch(lps, [s.logprobs for s in samples], used, captured)
+
+
+def evaluate(model, samples: list, corrupt: Optional[str] = None, own: Optional[Mismatch] = None) -> Report:
+    """Both arms on `samples` (RolloutSample): (a) own routing (or the given `own`), (b) replayed."""
+    captured = [np.asarray(s.routed_experts, np.int64) for s in samples]
+    replayed = arm(model, samples, corrupted(captured, corrupt) if corrupt else captured)
     dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    return Report(arms["own"], arms["replay"], corrupt, len(samples), dtype)
+    return Report(own or arm(model, samples), replayed, corrupt, len(samples), dtype)
 
 
 class _Sink:
@@ -142,11 +146,13 @@ async def _rollout(mgr, prompts, attach=None) -> list:
 
 def rollout_from_config(cfg, model_path: str, prompts: list, backend, view=None) -> tuple:
     """Start the config's engines (through the manager), roll `prompts` out, stop them."""
+    from rollout.engines.engine_launch import free_port
     from rollout.manager import RolloutManager
 
     if not any(g.routed_experts for g in cfg.engine_groups):
         raise ValueError("the config's engines do not capture routed experts (engine_groups[].routed_experts)")
-    mgr = RolloutManager.from_config(cfg, backend, model_path, view=view)
+    ports = [free_port(cfg.rollout.host) for _ in range(sum(g.engines for g in cfg.engine_groups))]
+    mgr = RolloutManager.from_config(cfg, backend, model_path, view=view, ports=ports)
     return to_samples(asyncio.run(_rollout(mgr, prompts)))
 
 
@@ -188,16 +194,18 @@ def table(rep: Report) -> str:
             ("routing flip rate (token-layers)", "flip_rate", "{:.2%}"),
             ("tokens with any flip", "tokens_any_flip", "{:.2%}")]
     b = "replayed" + (f" ({rep.corrupt}-corrupted rows)" if rep.corrupt else "")
+    w = max(16, len(b) + 4)
     lines = [f"R3 check: {rep.samples} samples, {rep.own.tokens} response tokens, trainer dtype {rep.dtype}",
              f"compares: {PAIR}",
-             f"flips: the trainer forward's expert set vs the engine's captured set, per token row and MoE layer",
-             f"{'metric':34} {'(a) own routing':>16} {'(b) ' + b:>16}"]
+             "flips: the trainer forward's expert set vs the engine's captured set, per token row and MoE layer",
+             f"{'metric':34} {'(a) own routing':>16} {'(b) ' + b:>{w}}"]
     for label, key, fmt in rows:
-        lines.append(f"{label:34} {fmt.format(getattr(rep.own, key)):>16} {fmt.format(getattr(rep.replay, key)):>16}")
+        lines.append(f"{label:34} {fmt.format(getattr(rep.own, key)):>16} {fmt.format(getattr(rep.replay, key)):>{w}}")
     for j, (a, r) in enumerate(zip(rep.own.flip_rate_per_layer, rep.replay.flip_rate_per_layer)):
-        lines.append(f"{'  flip rate, MoE layer ' + str(j):34} {a:>16.2%} {r:>16.2%}")
+        lines.append(f"{'  flip rate, MoE layer ' + str(j):34} {a:>16.2%} {r:>{w}.2%}")
     ratio = rep.ratios()
-    lines.append(f"replay / own: k3 KL {ratio['k3_kl']:.3g}x lower, mean |d| {ratio['mean_abs_diff']:.3g}x lower")
+    lines.append(f"(a) / (b): k3 KL {ratio['k3_kl']:.3g}x, mean |d| {ratio['mean_abs_diff']:.3g}x "
+                 "(above 1: replay lowers the mismatch)")
     lines += [f"note: {n}" for n in rep.notes]
     if rep.replay_reduces:
         lines.append("verdict: replay reduces the mismatch")
