@@ -127,3 +127,22 @@ def test_unknown_router_seam_is_refused_with_one_line(model):
                 model(torch.tensor([[5, 6, 7]]))
     finally:
         del gate.forward
+
+
+def test_benchmark_fails_as_model_not_near_tie_on_the_large_margin_model(tiny_model, tmp_path):
+    """The large-margin tiny model never flips: its own forward as the 'rollout' gives flip rate 0."""
+    from rollout.r3.replay import load_model, recompute
+
+    m = load_model(tiny_model, "bfloat16")
+    samples = []
+    for k in range(3):
+        prompt, response = list(range(5 + k, 60, 7)), list(range(100 + k, 160, 9))
+        own = recompute(m, prompt, response)
+        samples.append(RolloutSample(prompt, response, list(own.logprobs + 0.01), own.routing).as_dict())
+    f = tmp_path / "tiny.json"
+    f.write_text(json.dumps({"meta": {}, "samples": samples}))
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "r3_effect.py"), "--samples", str(f),
+                        "--model", tiny_model], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert "r3_effect.near_tie_flip_rate: ratio 0.000 (target >= 0.01) MISS" in p.stdout
+    assert "r3_effect: model not near-tie" in p.stdout
