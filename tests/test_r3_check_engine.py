@@ -3,7 +3,8 @@
 1. One engine: the CLI starts it through the manager, replays shift-corrupted rows and fails (exit 1,
    "FAIL" in its table); the same real samples replayed as captured pass with replay cutting k3 KL
    at least 10x, while the trainer's own routing flips >= 1% of token-layers.
-2. The seed's shape in miniature: DP attention tp 2 / dp 2, ep 2, dense-TP 1, DP lm-head, NEXTN; both
+2. --url: attached to a running engine with NEXTN speculative decoding (rows from verify passes).
+3. The seed's shape in miniature: DP attention tp 2 / dp 2, ep 2, dense-TP 1, DP lm-head, NEXTN; both
    DP ranks serve prompts (their log lines), and the replay of their captured rows passes the same bar.
 Run under `flock /tmp/slime-engine.lock` on a shared machine.
 """
@@ -44,6 +45,28 @@ def test_r3_check_single_engine_and_corrupted_rows(tmp_path):
     ok = _check("--samples", saved, "--model", model, "--json")
     assert ok.returncode == 0, ok.stderr[-3000:]
     _judged(json.loads(ok.stdout))
+
+
+@pytest.mark.e2e
+def test_r3_check_url_of_a_running_nextn_engine(tmp_path):
+    """--url: the manager attaches to an engine started elsewhere (here: routed experts + NEXTN, keyed)."""
+    import os
+
+    from rollout.engines.engine_launch import launch, preset
+    from rollout.near_tie_model import build_near_tie_glm
+
+    model = build_near_tie_glm(str(tmp_path / "near-tie"))
+    eng = launch(preset("b", model), str(tmp_path / "engine.log"))
+    try:
+        eng.wait_ready(600)
+        os.environ["R3_TEST_ENGINE_KEY"] = eng.opts.api_key
+        p = _check("--url", eng.url, "--api-key-env", "R3_TEST_ENGINE_KEY", "--model", model, "--prompts", "6",
+                   "--max-new-tokens", "24", "--json")
+    finally:
+        os.environ.pop("R3_TEST_ENGINE_KEY", None)
+        assert not eng.stop(), "processes left after stop"
+    assert p.returncode == 0, p.stderr[-3000:]
+    _judged(json.loads(p.stdout))
 
 
 @pytest.mark.e2e

@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     src.add_argument("--config", help="training config YAML: its engines are started (and stopped) here")
     src.add_argument("--url", help="a running SGLang engine (started with --enable-return-routed-experts)")
     src.add_argument("--samples", help="recorded rollout samples (JSON written by --save-samples)")
+    c.add_argument("--api-key-env", metavar="VAR", default=None,
+                   help="with --url: the environment variable holding the engine's API key (never on argv)")
     c.add_argument("--model", help="checkpoint for the trainer recompute (default: the config's model path)")
     c.add_argument("--build-near-tie", action="store_true",
                    help="build the near-tie tiny GLM-4.5 at the model path first (rollout/near_tie_model.py)")
@@ -118,4 +120,9 @@ def _samples(args, cfg, model_path, hf_cfg, prompts_for) -> tuple:
               f"logs in {log_dir}", file=sys.stderr, flush=True)
         return check.rollout_from_config(cfg, model_path, prompts, LocalBackend(log_dir))
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": args.max_new_tokens or 16}
-    return check.rollout_from_url(args.url, model_path, prompts, sampling)
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if key is None:
+            raise ValueError(f"--api-key-env: ${args.api_key_env} is not set")
+    return check.rollout_from_url(args.url, model_path, prompts, sampling, n_samples=2, api_key=key)
