@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "rollout" / "r3" / "configs"
 
 
-def _check(*args, timeout=1500):
+def _check(*args, timeout=1200):
     p = subprocess.run([sys.executable, "-m", "rollout.cli", "r3", "check", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=timeout)
     print(p.stderr[-1500:], file=sys.stderr)
