@@ -118,15 +118,21 @@ def build_tiny_glm(path: str | None = None, variant: str = "random", seed: int =
     if variant not in VARIANTS:
         raise ValueError(f"unknown tiny-model variant {variant!r} (choose from {', '.join(VARIANTS)})")
     path = os.path.abspath(path or default_path(variant))
-    if is_built(path, variant, seed):
+    return build_atomic(path, lambda p: is_built(p, variant, seed), lambda d: _write(d, variant, seed))
+
+
+def build_atomic(path: str, built, write) -> str:
+    """Run `write(tmp_dir)` and rename the result to `path`; skipped when `built(path)` (a finished
+    build with the same config hash). Concurrent builders are safe: the first rename wins."""
+    if built(path):
         return path
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tiny-glm-", dir=parent)
     try:
-        _write(tmp, variant, seed)
+        write(tmp)
         if os.path.exists(path):
-            if is_built(path, variant, seed):  # a concurrent builder won
+            if built(path):  # a concurrent builder won
                 return path
             shutil.rmtree(path)
         os.rename(tmp, path)
@@ -286,15 +292,23 @@ def _tensors(variant: str, seed: int, eos_id: int, special_ids) -> dict:
 
 
 def _write(out_dir: str, variant: str, seed: int) -> None:
-    from safetensors.torch import save_file
-
     tok = build_tokenizer()
     eos_id = tok.token_to_id(EOS)
     special_ids = [tok.token_to_id(s) for s in SPECIALS]
+    stamp = {"hash": config_hash(variant, seed), "variant": variant, "seed": seed}
+    if variant == "always-match":
+        stamp["next_token"] = next_token_map(seed, special_ids)
+    write_checkpoint(out_dir, tok, model_config(eos_id), _tensors(variant, seed, eos_id, special_ids), stamp)
+
+
+def write_checkpoint(out_dir: str, tok, cfg: dict, tensors: dict, stamp: dict) -> None:
+    """Tokenizer files, config.json, generation_config.json, model.safetensors and the build stamp."""
+    from safetensors.torch import save_file
+
+    eos_id = tok.token_to_id(EOS)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "pad_token": EOS,
                "model_max_length": 2048, "clean_up_tokenization_spaces": False}
-    cfg = model_config(eos_id)
     files = {
         "tokenizer_config.json": tok_cfg,
         "special_tokens_map.json": {"eos_token": EOS, "pad_token": EOS},
@@ -304,11 +318,7 @@ def _write(out_dir: str, variant: str, seed: int) -> None:
     for name, obj in files.items():
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(obj, f, indent=2)
-    save_file(_tensors(variant, seed, eos_id, special_ids), os.path.join(out_dir, "model.safetensors"),
-              metadata={"format": "pt"})
-    stamp = {"hash": config_hash(variant, seed), "variant": variant, "seed": seed}
-    if variant == "always-match":
-        stamp["next_token"] = next_token_map(seed, special_ids)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out_dir, STAMP), "w") as f:
         json.dump(stamp, f)
 

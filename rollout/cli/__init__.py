@@ -12,6 +12,7 @@ COMMANDS = [
     ("run", "rollout.cli.run"),
     ("engine", "rollout.cli.engine"),
     ("serve", "rollout.cli.serve"),
+    ("r3", "rollout.cli.r3"),
 ]
 
 
