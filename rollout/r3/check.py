@@ -21,7 +21,7 @@ import numpy as np
 
 from rollout.r3.metrics import Mismatch, mismatch
 from rollout.r3.replay import load_model, recompute
-from rollout.states import SampleStatus
+from rollout.types import SampleStatus
 
 PAIR = ("rollout logprob (SGLang output_token_logprobs of each response token) vs trainer recompute "
         "(transformers Glm4MoeForCausalLM forward over prompt + response, same tokens); d = trainer - rollout")
@@ -164,18 +164,13 @@ def rollout_from_url(url: str, model_path: str, prompts: list, sampling: dict, n
 
     from rollout.manager import RolloutManager
     from rollout.routed_experts import MoELayout
-    from rollout.routed_experts.validate import try_decode_compact
-    from rollout.slime.attach import Endpoint
+    from rollout.types import Endpoint
     from training_configs.schema import HealthConfig, ReadinessBudgets
 
     with open(os.path.join(model_path, "config.json")) as f:
         layout = MoELayout.from_hf_config(json.load(f))
-
-    def decode(payload, num_tokens, start_len):
-        return try_decode_compact(payload, layout, num_tokens, start_len)
-
     mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(), sampling=sampling,
-                         n_samples=n_samples, concurrency=8, decode_routed=decode)
+                         n_samples=n_samples, concurrency=8, layout=layout)
     return to_samples(asyncio.run(_rollout(mgr, prompts, attach=[Endpoint("url-0", url.rstrip("/"), api_key)])))
 
 
