@@ -155,7 +155,7 @@ def main():
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     ap.add_argument("--low-batches", type=int, default=64, help="shallow batches per round, back to back")
     a = ap.parse_args()
-    from rollout.engines.engine_launch import free_port
+    from rollout.net import free_port
 
     ports = [free_port() for _ in range(a.engines)]
     ready = mp.Event()

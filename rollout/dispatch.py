@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import aiohttp
 import numpy as np
 
-from rollout.engines.readiness import auth_headers
+from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
 from rollout.states import FINISH_STATUS, SampleStatus
 

@@ -89,7 +89,7 @@ MALFORMED = [
     ("port-range", TINY, {"rollout.base_port": 70000}, "rollout.base_port: must be <= 65000"),
     ("build-unknown", TINY, {"model.build": "big"}, "model.build: 'big' is not one of"),
     ("tp-bool", TINY, {"engine_groups.0.tp": True}, "engine_groups[0].tp: expected an integer, got True"),
-    ("env-list", TINY, {"engine_groups.0.env.X": [1]}, "env.X: expected a string"),
+    ("env-list", TINY, {"engine_groups.0.env": {"X": [1]}}, "env.X: expected a string"),
     ("batch-zero", TINY, {"rollout.batch_size": 0}, "rollout.batch_size: must be >= 1"),
     ("managed-group-name-empty", TINY, {"engine_groups.0.name": ""}, "name: must not be empty"),
 ]
@@ -214,5 +214,5 @@ def test_schema_loads_what_the_manager_needs():
     cfg = load_config(os.path.join(HERE, "training_configs", "tiny-cpu.yaml"))
     g = cfg.engine_groups[0]
     assert cfg.model.build == "tiny-glm45" and cfg.cluster.device == "cpu"
-    assert g.engines == 2 and g.routed_experts and g.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert g.engines == 2 and g.routed_experts and g.env == {}   # the CPU device profile sets the engine env
     assert cfg.rollout.budgets.total_s > 0 and cfg.rollout.health.failures >= 1

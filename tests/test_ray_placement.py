@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from rollout.config import EngineSpec  # noqa: E402
 from rollout.engines.command import spec_commands  # noqa: E402
-from rollout.engines.engine_launch import free_port  # noqa: E402
+from rollout.net import free_port  # noqa: E402
 from rollout.engines.process import group_pids  # noqa: E402
 from training_configs.schema import EngineGroup  # noqa: E402
 
@@ -38,7 +38,7 @@ def cluster():
 
 @pytest.mark.timeout(300)
 def test_one_pg_per_engine_one_actor_per_node_any_node_death_kills_engine(cluster, tmp_path, monkeypatch):
-    from rollout.engines.ray_backend import RayBackend
+    from rollout.engines.ray import RayBackend
 
     g = EngineGroup(name="e", engines=1, gpus_per_engine=4, tp=4)
     spec = EngineSpec("e-0", g, 0, "127.0.0.1", free_port(), "k", "/m", device="cuda", gpus_per_node=2)

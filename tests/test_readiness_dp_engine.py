@@ -13,10 +13,11 @@ import aiohttp
 import pytest
 
 from rollout import config as rconfig
-from rollout.engines.engine_launch import free_port
-from rollout.engines.lifecycle import LocalBackend
+from rollout.cli.engine import model_for
+from rollout.engines.local import LocalBackend
 from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
+from rollout.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +30,7 @@ def _spec():
     g.enable_dp_lm_head, g.speculative, g.routed_experts = False, None, False
     for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
         setattr(cfg.rollout.budgets, k, 600.0)
-    spec = rconfig.engine_specs(cfg, rconfig.resolve_model(cfg, root=ROOT), ports=[free_port()])[0]
+    spec = rconfig.engine_specs(cfg, model_for(cfg, ROOT), ports=[free_port()])[0]
     return cfg, spec
 
 

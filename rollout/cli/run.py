@@ -82,13 +82,14 @@ def main(args) -> int:
     from rollout import config as rconfig
     from rollout import group_log
     from rollout.cli import CliError
+    from rollout.cli.engine import model_for
 
     meta = _resumed_run(args) if args.resume else None
     if args.config is None:
         raise CliError("run: --config is required (or --resume OUTPUT)")
     try:
         cfg = rconfig.load(args.config)
-        model_path = rconfig.resolve_model(cfg)
+        model_path = model_for(cfg)
     except rconfig.ConfigError as e:
         raise CliError(str(e)) from None
     out_dir = os.path.dirname(os.path.abspath(args.output))
@@ -138,17 +139,17 @@ def _resumed_run(args) -> dict:
 
 def _backend(kind: str, log_dir: str, cfg):
     if kind == "ray":
-        from rollout.engines.ray_backend import RayBackend
+        from rollout.engines.ray import RayBackend
         # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
         init = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, os.cpu_count() or 2)}
         return RayBackend(log_dir, cpus_per_engine=1, init_kwargs=init)
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.engines.local import LocalBackend
     return LocalBackend(log_dir)
 
 
 async def _run(cfg, model_path: str, meta: dict, done: set, log, args, log_dir: str) -> int:
     from rollout.cli.console import progress_bar, say, start_failure, stderr_console
-    from rollout.engines.lifecycle import EngineStartError
+    from rollout.engines.base import EngineStartError
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.manager import EnginesLost, RolloutManager, group_record
     from rollout.states import SampleStatus
