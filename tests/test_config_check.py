@@ -172,7 +172,7 @@ def test_shipped_configs_pass_with_sglang():
         if rep.config.name == "glm4.5-355b-a32b":
             d = rep.groups[0].derived
             assert (d.attn_tp_size, d.require_mlp_tp_gather, d.require_attn_tp_gather) == (8, True, True)
-            # the seed states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
+            # the config states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
             assert any("require_mlp_tp_gather = False" in w and "deepep" in w for w in rep.warnings), rep.warnings
             needed = {f["name"] for f in rep.groups[0].fixes if f["needed"]}
             assert "capturer-extent" in needed and "draft-extend-real-rows" in needed, names
