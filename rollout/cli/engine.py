@@ -129,12 +129,15 @@ def _launch(args) -> int:
     if args.disable:
         group.env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
     spec = rconfig.engine_specs(cfg, model, ports=[args.port or free_port(cfg.rollout.host)])[0]
-    log_dir = args.log_dir or os.path.join(ROOT, ".cache", "logs")
+    backend = LocalBackend(args.log_dir or os.path.join(ROOT, ".cache", "logs"))
+    log = backend.log_path(spec)
+    if os.path.exists(log):
+        os.unlink(log)  # a fresh log: the report reads the first plugin line
     console = stderr_console()
-    print(f"engine {spec.name} ({cfg.name}): {spec.url}, log {os.path.join(log_dir, spec.name + '.log')}", flush=True)
+    print(f"engine {spec.name} ({cfg.name}): {spec.url}, log {log}", flush=True)
     try:
         with progress_bar(console) as progress:
-            engine, ready = start_ready(LocalBackend(log_dir), spec, cfg.rollout.budgets, RichView(progress))
+            engine, ready = start_ready(backend, spec, cfg.rollout.budgets, RichView(progress))
     except (ReadinessError, EngineStartError) as e:  # the engine did not start: its log tail, one line, exit 1
         return start_failure(console, e)
     tree = engine.tree_pids()
