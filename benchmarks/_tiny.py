@@ -33,7 +33,7 @@ async def started_manager(cfg, model, prefix, on_created=None):
     from rich.console import Console
     from rich.progress import Progress
 
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import RichView
     from rollout.manager import RolloutManager
     from rollout.net import free_port

@@ -67,7 +67,7 @@ def one_run(spec, n_tokens: int, batches: int, log_dir: str) -> tuple:
     cost; they are far less sensitive than wall time to other load on a shared machine."""
     import requests
 
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.process import alive_pids
     from rollout.engines.readiness import start_ready
     from training_configs.schema import ReadinessBudgets

@@ -24,7 +24,7 @@ def start(spec, sleep_on_idle: bool, log_dir: str):
     """The engine as the CPU profile launches it, or with --sleep-on-idle taken off the same argv;
     started by the local backend and admitted by phased readiness."""
     from rollout.engines.command import spec_commands
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import LineView, start_ready
     from training_configs.schema import ReadinessBudgets   # the defaults: generous for a loaded machine
 

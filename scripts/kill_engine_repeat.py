@@ -85,7 +85,7 @@ async def _iteration(mgr, k: int, groups: int, prompt_len: int) -> dict:
 
 async def main(args) -> int:
     from rollout.cli.engine import model_for
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.manager import RolloutManager
     from rollout.net import free_port
 

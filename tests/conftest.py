@@ -76,7 +76,7 @@ def start_engine(spec, log_dir: str, total_s: float = ENGINE_BUDGET_S):
     stderr); returns the admitted LocalEngine. Raises ReadinessError / EngineStartError."""
     import sys
 
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import LineView, start_ready
 
     view = LineView(lambda text: print(text, file=sys.stderr, flush=True))

@@ -444,7 +444,7 @@ def failed_start_log(spec, log_dir, text) -> str:
 
     from conftest import ENGINE_BUDGET_S, log_text, stop_engine
 
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
 
     eng = LocalBackend(log_dir).start(spec)
     try:

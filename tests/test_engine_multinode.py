@@ -56,7 +56,7 @@ def cluster():
 
 @pytest.mark.timeout(1500)
 def test_two_node_engine_serves_and_restarts_whole_on_node1_kill(cluster, tmp_path):
-    from rollout.engines.ray import RayBackend
+    from rollout.engines.ray_backend import RayBackend
 
     cfg = _config()
     model = model_for(cfg, ROOT)

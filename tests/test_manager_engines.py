@@ -16,7 +16,7 @@ from rollout import config as rconfig
 from rollout.cli.engine import model_for
 from rollout.engines.base import EngineStartError
 from rollout.engines.health import HealthMonitor, http_probe
-from rollout.engines.local import LocalBackend
+from rollout.engines.local_backend import LocalBackend
 from rollout.engines.readiness import ReadinessError, wait_ready
 from rollout.manager import RolloutManager
 from rollout.net import free_port

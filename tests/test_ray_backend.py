@@ -39,7 +39,7 @@ def _ray_pids():
 
 
 def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
-    from rollout.engines.ray import RayBackend
+    from rollout.engines.ray_backend import RayBackend
 
     cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
     cfg.engine_groups[0].engines = 1

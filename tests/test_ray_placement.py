@@ -38,7 +38,7 @@ def cluster():
 
 @pytest.mark.timeout(300)
 def test_one_pg_per_engine_one_actor_per_node_any_node_death_kills_engine(cluster, tmp_path, monkeypatch):
-    from rollout.engines.ray import RayBackend
+    from rollout.engines.ray_backend import RayBackend
 
     g = EngineGroup(name="e", engines=1, gpus_per_engine=4, tp=4)
     spec = EngineSpec("e-0", g, 0, "127.0.0.1", free_port(), "k", "/m", device="cuda", gpus_per_node=2)

@@ -20,7 +20,7 @@ if __name__ != "__main__":
     from rollout.config import EngineSpec
     from rollout.engines.base import EngineStartError
     from rollout.engines.health import HealthMonitor
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import PHASES, ReadinessError, dp_ranks, wait_ready
     from rollout.net import free_port
     from training_configs.schema import EngineGroup, ReadinessBudgets

@@ -14,7 +14,7 @@ import pytest
 
 from rollout import config as rconfig
 from rollout.cli.engine import model_for
-from rollout.engines.local import LocalBackend
+from rollout.engines.local_backend import LocalBackend
 from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
 from rollout.net import auth_headers, free_port

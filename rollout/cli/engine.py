@@ -100,7 +100,7 @@ def _launch(args) -> int:
     from rollout.cli import CliError
     from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.engines.base import EngineStartError
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.process import alive_pids
     from rollout.engines.readiness import ReadinessError, RichView, start_ready
     from rollout.net import free_port

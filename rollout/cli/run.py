@@ -139,11 +139,11 @@ def _resumed_run(args) -> dict:
 
 def _backend(kind: str, log_dir: str, cfg):
     if kind == "ray":
-        from rollout.engines.ray import RayBackend
+        from rollout.engines.ray_backend import RayBackend
         # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
         init = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, os.cpu_count() or 2)}
         return RayBackend(log_dir, cpus_per_engine=1, init_kwargs=init)
-    from rollout.engines.local import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     return LocalBackend(log_dir)
 
 

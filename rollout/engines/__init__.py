@@ -3,7 +3,7 @@
 - `base`: the `Engine` protocol every backend's engines answer, and `EngineStartError`.
 - `command`: the one command builder (engine group -> ServerArgs fields -> per-node argv/env).
 - `process`: the one spawner and tree-killer of server processes, log tails.
-- `local`, `ray`: the two backends (child processes here; Ray actors in placement groups).
+- `local_backend`, `ray_backend`: the two backends (child processes here; Ray actors in placement groups).
 - `readiness`: phased readiness, the start-up progress views, `start_ready` for one engine.
 - `health`: the health monitor of admitted engines (busy is not dead).
 """

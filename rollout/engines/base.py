@@ -1,9 +1,9 @@
 """What every engine answers: the `Engine` protocol, the start error, and helpers both backends share.
 
-Two kinds of engine answer it: `rollout.engines.local.LocalEngine` (server processes on this machine,
-one per node of the engine) and `rollout.engines.ray.RayEngine` (one Ray actor per node of the engine,
-placed with one placement group). An engine of several nodes lives and dies as one: the death of any node is the death of the
-engine, and the manager restarts all its nodes together. A backend (`LocalBackend`, `RayBackend`)
+Two kinds of engine answer it: `local_backend.LocalEngine` (server processes on this machine, one per
+node of the engine) and `ray_backend.RayEngine` (one Ray actor per node of the engine, placed with one
+placement group). An engine of several nodes lives and dies as one: the death of any node is the
+death of the engine, and the manager restarts all its nodes together. A backend (`LocalBackend`, `RayBackend`)
 starts an `EngineSpec` from the one command builder (`rollout.engines.command.spec_commands`; tests
 may pass their own `command(spec)`); `rollout.engines.readiness` admits it.
 """
