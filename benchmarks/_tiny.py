@@ -15,6 +15,7 @@ CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
 def one_engine_config(max_new_tokens=None):
     """(cfg, model path): training_configs/tiny-cpu.yaml with 1 engine and generous start-up budgets."""
     from rollout import config as rconfig
+    from rollout.cli.engine import model_for
 
     cfg = rconfig.load(CONFIG)
     cfg.engine_groups[0].engines = 1
@@ -22,7 +23,7 @@ def one_engine_config(max_new_tokens=None):
         cfg.rollout.sampling.max_new_tokens = max_new_tokens
     for k in ("http_s", "server_up_s"):
         setattr(cfg.rollout.budgets, k, 600.0)
-    return cfg, rconfig.resolve_model(cfg, root=ROOT)
+    return cfg, model_for(cfg, ROOT)
 
 
 async def started_manager(cfg, model, prefix, on_created=None):
@@ -32,10 +33,10 @@ async def started_manager(cfg, model, prefix, on_created=None):
     from rich.console import Console
     from rich.progress import Progress
 
-    from rollout.engines.engine_launch import free_port
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import RichView
     from rollout.manager import RolloutManager
+    from rollout.net import free_port
 
     ports = [free_port() for _ in range(sum(g.engines for g in cfg.engine_groups))]
     with Progress(console=Console(stderr=True), transient=True) as progress:
@@ -50,7 +51,7 @@ async def started_manager(cfg, model, prefix, on_created=None):
 
 async def flush_cache(mgr):
     """Empty every engine's prefix cache, so a run never reuses the previous run's prompts."""
-    from rollout.engines.readiness import auth_headers
+    from rollout.net import auth_headers
 
     for eng in mgr.engines.values():
         async with mgr.session.post(eng.url + "/flush_cache", headers=auth_headers(eng.api_key)) as r:
@@ -66,7 +67,7 @@ async def barrier_batch(mgr, prompts):
     import pybase64
     import torch
 
-    from rollout.engines.readiness import auth_headers
+    from rollout.net import auth_headers
 
     engines = list(mgr.engines.values())
     sem = asyncio.Semaphore(mgr.concurrency * len(engines))

@@ -1,6 +1,6 @@
-"""Dispatcher overhead at the seed job's scale: 4 engines x 512 concurrency, groups of 8, 4,096 in flight.
+"""Dispatcher overhead at the GLM-4.5 355B job's scale: 4 engines x 512 concurrency, groups of 8, 4,096 in flight.
 
-The seed job (training_configs/glm4.5-355b-a32b.yaml: 4 engines, concurrency_per_engine 512, n = 8)
+The GLM-4.5 355B job (training_configs/glm4.5-355b-a32b.yaml: 4 engines, concurrency_per_engine 512, n = 8)
 submits 512 groups x 8 samples = 4,096 requests at once; 2,048 are on the wire, the rest wait for a
 slot. The engines are replaced by a MINIMAL LOOPBACK HTTP RESPONDER (a benchmark-only stand-in, not
 SGLang): it answers every POST /generate at once with a fixed 4-token body, so what is measured is
@@ -11,7 +11,7 @@ Side by side, rounds alternated a/b/b/a, on the same responders:
            engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
   manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
            payload, response parsing into the Sample), one task per sample as the manager runs them.
-Printed at the seed shape and at a shallow depth (32 in flight, batches of 32 back to back; each
+Printed at that shape ("seed") and at a shallow depth (32 in flight, batches of 32 back to back; each
 timed round starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
 requests: insensitive to other load on a shared machine), per-request latency p50/p99 and what the
 manager adds. Judged (benchmarks/targets.toml): manager / direct
@@ -30,6 +30,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _targets import finish, judge  # noqa: E402
+
+from rollout.net import auth_headers, free_port  # noqa: E402
 
 BODY = json.dumps({"text": "", "meta_info": {
     "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None], [-1.0, 7, None], [-1.0, 8, None]],
@@ -100,7 +102,7 @@ async def _direct(session, ports, groups, n, conc):
         t = time.perf_counter()
         async with sem:
             rr[0] += 1
-            async with session.post(urls[rr[0] % len(urls)], headers={"Authorization": "Bearer bench-key"},
+            async with session.post(urls[rr[0] % len(urls)], headers=auth_headers("bench-key"),
                                     json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4},
                                           "return_logprob": True, "rid": f"{g}/{i}"}) as r:
                 await r.json()
@@ -148,14 +150,13 @@ def _summary(runs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=512, help="per engine (seed: 512)")
-    ap.add_argument("--groups", type=int, default=512, help="groups submitted at once (seed: 512 x 8 = 4,096)")
+    ap.add_argument("--concurrency", type=int, default=512, help="per engine (GLM-4.5 355B job: 512)")
+    ap.add_argument("--groups", type=int, default=512, help="groups submitted at once (GLM-4.5 355B job: 512 x 8 = 4,096)")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=6, help="per side, alternated a/b/b/a")
     ap.add_argument("--low-inflight", type=int, default=32, help="a second, shallow run for per-request latency")
     ap.add_argument("--low-batches", type=int, default=64, help="shallow batches per round, back to back")
     a = ap.parse_args()
-    from rollout.engines.engine_launch import free_port
 
     ports = [free_port() for _ in range(a.engines)]
     ready = mp.Event()

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _targets import finish, judge  # noqa: E402
 
-from rollout.engines.engine_launch import EngineOptions, launch, preset  # noqa: E402
+from rollout import config as rconfig  # noqa: E402
+from rollout.net import auth_headers, free_port  # noqa: E402
 from rollout.tiny_model import build_tiny_glm  # noqa: E402
 
 PROMPTS = [
@@ -35,11 +36,16 @@ def dp_fix_names() -> list:
     return [f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream]
 
 
-def options(mode: str, on: bool, model: str) -> EngineOptions:
+def engine_spec(mode: str, on: bool, model: str):
+    """Preset a (routed experts) for dp-fixes; the same engine without routed experts for stock."""
+    cfg = rconfig.load("a")
+    g = cfg.engine_groups[0]
     if mode == "stock":
-        return EngineOptions(model_path=model, env={} if on else {"SGLANG_PLUGINS": "none"})
-    env = {} if on else {"SLIME_MOE_ROLLOUT_DISABLE": ",".join(dp_fix_names())}
-    return preset("a", model, env=env)
+        g.routed_experts = False
+        g.env.update({} if on else {"SGLANG_PLUGINS": "none"})
+    elif not on:
+        g.env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(dp_fix_names())
+    return rconfig.engine_specs(cfg, model, ports=[free_port()])[0]
 
 
 def tree_cpu_seconds(eng) -> float:
@@ -55,19 +61,25 @@ def tree_cpu_seconds(eng) -> float:
     return total
 
 
-def one_run(opts, n_tokens: int, batches: int, log: str) -> tuple:
+def one_run(spec, n_tokens: int, batches: int, log_dir: str) -> tuple:
     """(tokens per wall second, tokens per engine CPU second), medians over `batches` batches
     of all prompts at once. CPU seconds of the engine's process tree are what the plugin's hooks
     cost; they are far less sensitive than wall time to other load on a shared machine."""
     import requests
 
-    eng = launch(opts, log)
+    from rollout.engines.local_backend import LocalBackend
+    from rollout.engines.process import alive_pids
+    from rollout.engines.readiness import start_ready
+    from training_configs.schema import ReadinessBudgets
+
+    eng, _ = start_ready(LocalBackend(log_dir), spec, ReadinessBudgets())
+    tree = eng.tree_pids()
     try:
-        eng.wait_ready(600)
         body = lambda p: {"text": p, "sampling_params": {"max_new_tokens": n_tokens, "temperature": 0,
                                                          "ignore_eos": True},
-                          "return_routed_experts": bool(opts.routed_experts)}
-        post = lambda p: requests.post(eng.url + "/generate", headers=eng.headers(), json=body(p), timeout=600).json()
+                          "return_routed_experts": spec.group.routed_experts}
+        post = lambda p: requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body(p),
+                                       timeout=600).json()
         post(PROMPTS[0])  # warm-up
         wall, cpu = [], []
         for _ in range(batches):
@@ -79,7 +91,8 @@ def one_run(opts, n_tokens: int, batches: int, log: str) -> tuple:
             cpu.append(n / max(tree_cpu_seconds(eng) - c0, 1e-9))
         return statistics.median(wall), statistics.median(cpu)
     finally:
-        left = eng.stop()
+        eng.stop()
+        left = alive_pids(tree)
         if left:
             raise RuntimeError(f"processes left after stop: {left}")
 
@@ -100,8 +113,8 @@ def main(argv=None) -> int:
     cpu_rates = {False: [], True: []}
     for i in range(args.pairs):
         for on in (False, True):
-            r, c = one_run(options(args.mode, on, model), args.tokens, args.batches,
-                           os.path.join(logdir, f"bench-{args.mode}-{on}-{i}.log"))
+            r, c = one_run(engine_spec(args.mode, on, model), args.tokens, args.batches,
+                           os.path.join(logdir, f"bench-{args.mode}-{on}-{i}"))
             rates[on].append(r)
             cpu_rates[on].append(c)
             print(f"pair {i + 1}/{args.pairs} plugin {'on ' if on else 'off'}: {r:.1f} tokens/s, "

@@ -20,44 +20,56 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
 
 
-def start(opts, sleep_on_idle: bool, log: str):
-    from rollout.engines.engine_launch import EngineProcess, node_command, resolve
-    from rollout.engines.process import ServerProcess
+def start(spec, sleep_on_idle: bool, log_dir: str):
+    """The engine as the CPU profile launches it, or with --sleep-on-idle taken off the same argv;
+    started by the local backend and admitted by phased readiness."""
+    from rollout.engines.command import spec_commands
+    from rollout.engines.local_backend import LocalBackend
+    from rollout.engines.readiness import LineView, start_ready
+    from training_configs.schema import ReadinessBudgets   # the defaults: generous for a loaded machine
 
-    opts = resolve(opts)
-    c = node_command(opts)
-    assert "--sleep-on-idle" in c.argv, "the CPU engine profile no longer adds --sleep-on-idle"
-    argv = c.argv if sleep_on_idle else [a for a in c.argv if a != "--sleep-on-idle"]
-    return EngineProcess(proc=ServerProcess(argv, c.env, log, api_key=c.api_key, owner_port=opts.port),
-                         opts=opts, log_path=log)
+    def command(s):
+        cmds = spec_commands(s)
+        assert "--sleep-on-idle" in cmds[0].argv, "the CPU engine profile no longer adds --sleep-on-idle"
+        if not sleep_on_idle:
+            for c in cmds:
+                c.argv = [a for a in c.argv if a != "--sleep-on-idle"]
+        return cmds
+
+    engine, _ = start_ready(LocalBackend(log_dir, command=command), spec, ReadinessBudgets(),
+                            LineView(lambda text: print(f"  {text}", flush=True)))
+    return engine
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="c", help="engine preset a|b|c (c: DP attention)")
+    ap.add_argument("--config", default="c", help="engine preset a|b|c (c: DP attention) or a config file")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds idle before sampling")
     ap.add_argument("--window", type=float, default=10.0, help="sampling window in seconds")
     a = ap.parse_args()
     import requests
 
-    from rollout.engines.engine_launch import preset
-    from rollout.engines.process import cpu_percent
+    from rollout import config as rconfig
+    from rollout.engines.process import alive_pids, cpu_percent
+    from rollout.net import auth_headers, free_port
     from rollout.tiny_model import build_tiny_glm
 
     model = build_tiny_glm(variant="random")
     logs = tempfile.mkdtemp(prefix="bench-idle-")
     totals = {}
     for sleep_on_idle in (False, True):
-        eng = start(preset(a.config, model), sleep_on_idle, os.path.join(logs, f"engine-{sleep_on_idle}.log"))
+        spec = rconfig.engine_specs(rconfig.load(a.config), model, ports=[free_port()])[0]
+        eng = start(spec, sleep_on_idle, os.path.join(logs, f"sleep-on-idle-{sleep_on_idle}"))
+        tree = eng.tree_pids()
         try:
-            eng.wait_ready(900)
-            r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=600,
+            r = requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), timeout=600,
                               json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}})
             assert r.status_code == 200, r.text[:300]
             time.sleep(a.settle)
             rows = cpu_percent(eng.tree_pids(), a.window)
         finally:
-            left = eng.stop()
+            eng.stop()
+            left = alive_pids(tree)
         if left:
             sys.exit(f"error: processes left after stop: {left}")
         label = "with --sleep-on-idle (our CPU profile)" if sleep_on_idle else "without (SGLang's default)"

@@ -27,7 +27,7 @@ AREAL = {"k3_kl": (0.00958, 0.000373), "mean_abs_diff": (0.0322, 0.00607),
 def samples_from_engine(config: str, prompts: int, model: str) -> list:
     from rollout import config as rconfig
     from rollout.cli.run import prompts_for
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.r3.check import rollout_from_config
 
     cfg = rconfig.load(config)

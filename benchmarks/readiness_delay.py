@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import finish, judge  # noqa: E402
 from _tiny import one_engine_config, started_manager  # noqa: E402
 
+from rollout.net import auth_headers  # noqa: E402
 from rollout.types import EngineEvent  # noqa: E402
 
 SLIME_HEALTH_INTERVAL_S = 30.0  # slime/utils/arguments.py: --rollout-health-check-interval default
@@ -42,7 +43,7 @@ def slime_wait(base_url, api_key, is_process_alive):
     with requests.Session() as s:
         while True:
             try:
-                if s.get(f"{base_url}/health_generate", headers={"Authorization": f"Bearer {api_key}"}).status_code == 200:
+                if s.get(f"{base_url}/health_generate", headers=auth_headers(api_key)).status_code == 200:
                     return
             except requests.RequestException:
                 pass
@@ -58,7 +59,7 @@ def slime_health_loop(url, api_key, stop: threading.Event, checked: list) -> flo
     while not stop.is_set():
         checked.append(time.monotonic())
         try:
-            requests.get(f"{url}/health_generate", headers={"Authorization": f"Bearer {api_key}"},
+            requests.get(f"{url}/health_generate", headers=auth_headers(api_key),
                          timeout=SLIME_HEALTH_TIMEOUT_S).raise_for_status()
         except requests.RequestException:
             return time.monotonic()

@@ -1,18 +1,31 @@
 """Rollout-side view of a training config: which engines to start, where, with which budgets.
 
 The YAML is parsed and checked by `training_configs.schema.load_config`; this module only adds the
-rollout manager's derived objects (one `EngineSpec` per engine) and the model-path check.
+rollout manager's derived objects (one `EngineSpec` per engine), the model-path check and the names
+of the single-engine CPU configurations (`PRESETS`: `engine launch --config a|b|c`, tests, benchmarks).
 """
 from __future__ import annotations
 
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
+from rollout.net import engine_port
+from training_configs import schema
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
 
-__all__ = ["ConfigError", "EngineSpec", "TrainingConfig", "engine_specs", "load", "resolve_model"]
+__all__ = ["ConfigError", "EngineSpec", "PRESETS", "TrainingConfig", "engine_specs", "load", "preset_path",
+           "resolve_model"]
+
+CONFIG_DIR = os.path.dirname(os.path.abspath(schema.__file__))
+# One engine of the tiny GLM-4.5 MoE on CPU each: name -> (file in training_configs/, what it runs)
+PRESETS = {
+    "a": ("tiny-cpu-r3.yaml", "single rank + routed experts"),
+    "b": ("tiny-cpu-nextn.yaml", "single rank + routed experts + NEXTN (2 steps, top-k 1, 3 draft tokens)"),
+    "c": ("tiny-cpu-dpattn.yaml", "DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, "
+                                  "NEXTN, routed experts"),
+}
 
 
 @dataclass
@@ -44,18 +57,30 @@ class EngineSpec:
         return self.group.dp
 
 
+def preset_path(name: str) -> str:
+    """The config file of a preset name (`a`, `b`, `c`); any other name is returned as given (a path)."""
+    return os.path.join(CONFIG_DIR, PRESETS[name][0]) if name in PRESETS else name
+
+
 def load(path) -> TrainingConfig:
-    """Load and check a config file; raises ConfigError (one line) on any problem."""
-    return load_config(path)
+    """Load and check a config file (or a preset name); raises ConfigError (one line) on any problem."""
+    return load_config(preset_path(os.fspath(path)))
 
 
-def resolve_model(cfg: TrainingConfig, root: str = ".", build: bool = True) -> str:
-    """Absolute model path; builds the tiny CPU model when `model.build` says so and it is missing."""
+Builder = Callable[[str, int], str]  # (folder, seed) -> folder of the built checkpoint
+
+
+def resolve_model(cfg: TrainingConfig, root: str = ".", build: Optional[Builder] = None) -> str:
+    """Absolute model path. When `model.build` names a builder, `build(path, seed)` makes the checkpoint
+    (the CLI passes the tiny-model builder); without one an unbuilt model is a one-line error."""
     path = cfg.model.path
     local = path if os.path.isabs(path) else os.path.join(root, path)
     if cfg.model.build and build:
-        from rollout.tiny_model import build_tiny_glm  # the engine area's builder (idempotent)
-        return build_tiny_glm(local, seed=cfg.model.seed)
+        return build(local, cfg.model.seed)
+    if cfg.model.build and not os.path.isfile(os.path.join(local, "config.json")):
+        where = os.path.basename(cfg.source) if cfg.source else cfg.name
+        raise ConfigError(f"{where}: model.path: {path!r} is not built yet (model.build {cfg.model.build}: "
+                          f"slime-moe-rollout engine build-model --path {local})")
     if os.path.isdir(local):
         return os.path.abspath(local)
     if path.startswith((".", "/", "~")) or path.count("/") != 1:
@@ -66,13 +91,13 @@ def resolve_model(cfg: TrainingConfig, root: str = ".", build: bool = True) -> s
 
 def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = None,
                  ports: list[int] | None = None) -> list[EngineSpec]:
-    """One spec per engine of every group. Ports: `ports` if given, else base_port + 10*i."""
+    """One spec per engine of every group. Ports: `ports` if given, else `rollout.net.engine_port`."""
     key = "" if cfg.rollout.engine_auth == "none" else (api_key or cfg.rollout.api_key or secrets.token_hex(16))
     specs, i, gpu = [], 0, 0
     c = cfg.cluster
     for g in cfg.engine_groups:
         for k in range(g.engines):
-            port = ports[i] if ports else cfg.rollout.base_port + 10 * i
+            port = ports[i] if ports else engine_port(cfg.rollout.base_port, i)
             specs.append(EngineSpec(f"{g.name}-{k}", g, k, cfg.rollout.host, port, key, model_path,
                                     device=c.device, gpus_per_node=c.gpus_per_node, gpu_offset=gpu,
                                     tokenizer_path=cfg.model.tokenizer_path))

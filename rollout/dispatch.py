@@ -23,7 +23,7 @@ from typing import Optional
 
 import aiohttp
 
-from rollout.engines.readiness import auth_headers
+from rollout.net import auth_headers
 from rollout.errors import EngineLost, one_line, short_error
 from rollout.routed_experts import MoELayout, continuation_start, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus

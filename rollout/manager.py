@@ -331,7 +331,7 @@ class RolloutManager:
             await self.dispatcher.close(reason)
 
     async def _wait_port(self, spec, budget_s: float = 15.0) -> None:
-        from rollout.engines.lifecycle import port_in_use
+        from rollout.engines.process import port_in_use
         end = time.monotonic() + budget_s
         while port_in_use(spec.host, spec.port) and time.monotonic() < end:
             await asyncio.sleep(0.2)

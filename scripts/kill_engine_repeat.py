@@ -84,13 +84,13 @@ async def _iteration(mgr, k: int, groups: int, prompt_len: int) -> dict:
 
 
 async def main(args) -> int:
-    from rollout import config as rconfig
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.cli.engine import model_for
+    from rollout.engines.local_backend import LocalBackend
     from rollout.manager import RolloutManager
+    from rollout.net import free_port
 
     cfg = _config(args.engines, args.max_new_tokens)
-    model = rconfig.resolve_model(cfg, root=ROOT)
-    from rollout.engines.engine_launch import free_port
+    model = model_for(cfg, ROOT)
     logs = tempfile.mkdtemp(prefix="kill-engine-repeat-")
     mgr = RolloutManager.from_config(cfg, LocalBackend(logs), model, ports=[free_port() for _ in range(args.engines)],
                                      max_restarts=1000)

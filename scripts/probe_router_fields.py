@@ -10,20 +10,18 @@ the router version, how registration went, the keys the worker received, and the
 """
 import json
 import multiprocessing
-import socket
+import os
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rollout.net import free_port  # noqa: E402
+
 RECEIVED: list = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EchoWorker(BaseHTTPRequestHandler):

@@ -3,7 +3,8 @@
 Engines are expensive (30-150 s to start on 2 cores) and memory-heavy, so one session-scoped
 pool keeps at most one engine alive: asking for another configuration stops the current one
 first (and checks by PID that its whole process tree is gone), and a slow/e2e test that does not
-use the pool stops the pool's engine before it starts its own.
+use the pool stops the pool's engine before it starts its own. Engines start as the product starts
+them: a preset config's EngineSpec, the local backend, phased readiness.
 """
 import os
 
@@ -42,6 +43,69 @@ def tiny_match_model():
     return build_tiny_glm(variant="always-match")
 
 
+def preset(name: str, model_path: str, *, env=None, args=None, api_key=None, **group):
+    """The EngineSpec of preset `name`'s engine (`rollout.config.PRESETS`: a, b, c) serving `model_path`
+    on a free port. `group`: EngineGroup fields to change; `args`: more ServerArgs fields (the group's
+    extra_sglang_args); `env`: more engine environment; `api_key`: "" for a keyless engine."""
+    from rollout import config as rconfig
+    from rollout.net import free_port
+
+    cfg = rconfig.load(name)
+    g = cfg.engine_groups[0]
+    for field, value in group.items():
+        setattr(g, field, value)
+    g.extra_sglang_args.update(args or {})
+    g.env.update(env or {})
+    spec = rconfig.engine_specs(cfg, model_path, ports=[free_port()])[0]
+    if api_key is not None:
+        spec.api_key = api_key
+    return spec
+
+
+def budgets(total_s: float = ENGINE_BUDGET_S):
+    """Readiness budgets of a test engine: HTTP and server status each get `total_s` (a loaded 2-core
+    machine is slow to load and warm up), the probes a third of it."""
+    from training_configs.schema import ReadinessBudgets
+
+    return ReadinessBudgets(process_s=30, http_s=total_s, server_up_s=total_s, health_generate_s=total_s / 3,
+                            dp_probe_s=total_s / 3)
+
+
+def start_engine(spec, log_dir: str, total_s: float = ENGINE_BUDGET_S):
+    """Start `spec` with the local backend and wait through phased readiness (a line per phase on
+    stderr); returns the admitted LocalEngine. Raises ReadinessError / EngineStartError."""
+    import sys
+
+    from rollout.engines.local_backend import LocalBackend
+    from rollout.engines.readiness import LineView, start_ready
+
+    view = LineView(lambda text: print(text, file=sys.stderr, flush=True))
+    engine, _ = start_ready(LocalBackend(log_dir), spec, budgets(total_s), view)
+    return engine
+
+
+def stop_engine(engine) -> tuple:
+    """Stop an engine; (PIDs of its tree before, PIDs still alive after)."""
+    from rollout.engines.process import alive_pids
+
+    pids = engine.tree_pids()
+    engine.stop()
+    return pids, alive_pids(pids)
+
+
+def log_text(engine) -> str:
+    from rollout.cli.engine import log_text as text
+
+    return text(engine)
+
+
+def active_fixes(engine):
+    """Fix names of the plugin's log line in the engine's log (None: the plugin never logged)."""
+    from rollout.cli.engine import parse_active_fixes
+
+    return parse_active_fixes(log_text(engine))
+
+
 class EnginePool:
     """Starts engines by key; keeps only the latest one alive."""
 
@@ -49,53 +113,36 @@ class EnginePool:
         self.log_dir = log_dir
         self.key = None
         self.engine = None
-        self.ready_s = None
-        self.stopped = {}  # key -> PIDs of its tree, for orphan checks
+        self.stopped = {}  # key -> (PIDs of its tree, PIDs left after stop), for orphan checks
         self.failures = {}  # key -> error text (a start that failed is not retried)
 
-    def get(self, key: str, opts):
-        from rollout.engines.engine_launch import launch
+    def get(self, key: str, spec):
+        from rollout.engines.base import EngineStartError
+        from rollout.engines.readiness import ReadinessError
 
         if key == self.key and self.engine is not None:
             return self.engine
         if key in self.failures:
             pytest.fail(f"engine {key} failed to start earlier: {self.failures[key]}")
         self.close()
-        eng = launch(opts, os.path.join(self.log_dir, f"engine-{key}.log"))
-        self.key, self.engine = key, eng
         try:
-            self.ready_s = eng.wait_ready(ENGINE_BUDGET_S, on_tick=_progress(key))
-        except (RuntimeError, TimeoutError) as e:
+            self.engine = start_engine(spec, os.path.join(self.log_dir, key))
+        except (ReadinessError, EngineStartError) as e:
             self.failures[key] = str(e)
-            self.close()
             pytest.fail(f"engine {key} did not start: {e}")
-        return eng
+        self.key = key
+        return self.engine
 
     def close(self):
         if self.engine is None:
             return
-        pids = self.engine.tree_pids()
-        left = self.engine.stop()
+        pids, left = stop_engine(self.engine)
         self.stopped[self.key] = (pids, left)
         self.key, self.engine = None, None
         assert not left, f"processes left after stop: {left}"
 
 
 _POOLS = []  # the session's EnginePool, once some test asked for it
-
-
-def _progress(key: str):
-    """A line every 30 s while an engine starts (visible with -s; in the log otherwise)."""
-    import sys
-
-    last = [0.0]
-
-    def tick(elapsed: float) -> None:
-        if elapsed - last[0] >= 30:
-            last[0] = elapsed
-            print(f"engine {key}: starting, {elapsed:.0f} s of {ENGINE_BUDGET_S:.0f} s", file=sys.stderr, flush=True)
-
-    return tick
 
 
 @pytest.fixture(scope="session")
@@ -115,20 +162,6 @@ def _no_idle_pool_engine_beside_other_engines(request):
     if _POOLS and marked and "engine_pool" not in request.fixturenames:
         _POOLS[0].close()
     yield
-
-
-def pids_alive(pids) -> list:
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 # ---- transformers reference ------------------------------------------------------------
@@ -189,9 +222,11 @@ def decode_routed(b64: str, num_layers: int, topk: int):
 def generate(engine, input_ids, n, **extra) -> dict:
     import requests
 
+    from rollout.net import auth_headers
+
     body = {"input_ids": list(input_ids), "sampling_params": {"max_new_tokens": n, "temperature": 0},
-            "return_routed_experts": bool(engine.opts.routed_experts)}
+            "return_routed_experts": engine.spec.group.routed_experts}
     body.update(extra)
-    r = requests.post(engine.url + "/generate", headers=engine.headers(), json=body, timeout=600)
+    r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
     assert r.status_code == 200, r.text[:500]
     return r.json()

@@ -16,6 +16,7 @@ import threading
 import time
 
 import requests
+from conftest import stop_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -24,17 +25,20 @@ SERVER_INFO_KEYS = ("version", "dp_size", "attn_dp_size", "enable_dp_attention",
                     "max_running_requests", "enable_return_routed_experts")
 
 
-def _engine(opts, name):
-    from rollout.engines.engine_launch import launch
+def _engine(spec, name):
+    from conftest import start_engine
 
-    os.makedirs("/tmp/record-real-answers", exist_ok=True)
-    eng = launch(opts, f"/tmp/record-real-answers/{name}.log")
-    eng.wait_ready(600, on_tick=lambda s: print(f"{name}: starting, {s:.0f} s", flush=True) if int(s) % 30 == 0 else None)
-    return eng
+    return start_engine(spec, f"/tmp/record-real-answers/{name}", 600)
+
+
+def _headers(eng) -> dict:
+    from rollout.net import auth_headers
+
+    return auth_headers(eng.api_key)
 
 
 def _server_info(eng) -> dict:
-    info = requests.get(eng.url + "/server_info", headers=eng.headers(), timeout=60).json()
+    info = requests.get(eng.url + "/server_info", headers=_headers(eng), timeout=60).json()
     return {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
 
 
@@ -56,10 +60,11 @@ def _shape(body: dict) -> dict:
 
 
 def record_abort() -> dict:
-    from rollout.engines.engine_launch import preset
+    from conftest import preset
+
     from rollout.tiny_model import build_tiny_glm
 
-    eng = _engine(preset("a", build_tiny_glm(), extra_args=["--max-running-requests", "1"]), "abort")
+    eng = _engine(preset("a", build_tiny_glm(), max_running_requests=1), "abort")
     try:
         answers = {}
 
@@ -67,7 +72,7 @@ def record_abort() -> dict:
             body = {"input_ids": [10 + i, 11, 12, 13, 14, 15], "rid": f"rec-{i}", "return_logprob": True,
                     "return_routed_experts": True,
                     "sampling_params": {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}}
-            r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=600)
+            r = requests.post(eng.url + "/generate", headers=_headers(eng), json=body, timeout=600)
             answers[i] = {"http_status": r.status_code, **_shape(r.json() if r.ok else {"text": r.text})}
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
@@ -75,7 +80,7 @@ def record_abort() -> dict:
             t.start()
             time.sleep(0.3)
         time.sleep(2.0)  # request 0 decodes, 1 and 2 wait in the queue (max_running_requests 1)
-        r = requests.post(eng.url + "/abort_request", headers=eng.headers(), json={"abort_all": True}, timeout=60)
+        r = requests.post(eng.url + "/abort_request", headers=_headers(eng), json={"abort_all": True}, timeout=60)
         for t in threads:
             t.join(600)
         return {"what": "3 requests (max_new_tokens 400, ignore_eos) at once on --max-running-requests 1, "
@@ -83,33 +88,34 @@ def record_abort() -> dict:
                 "server_info": _server_info(eng), "abort_http_status": r.status_code,
                 "running": answers.get(0), "queued": [answers.get(1), answers.get(2)]}
     finally:
-        eng.stop()
+        stop_engine(eng)
 
 
 def record_dp(kind: str) -> dict:
-    from rollout.engines.engine_launch import EngineOptions
+    from conftest import preset
+
     from rollout.tiny_model import build_tiny_glm
 
-    if kind == "dp-attn":
-        opts = EngineOptions(model_path=build_tiny_glm(), tp=2, dp=2, enable_dp_attention=True,
-                             attention_backend="intel_amx")
-    else:
-        opts = EngineOptions(model_path=build_tiny_glm(), tp=1, dp=2)
-    eng = _engine(opts, kind)
+    if kind == "dp-attn":   # the schema's way: DP attention inside tp
+        shape = dict(tp=2, dp=2, gpus_per_engine=2, enable_dp_attention=True, args={"attention_backend": "intel_amx"})
+    else:                   # plain DP replicas (what SGLang also accepts; the schema asks for DP attention)
+        shape = dict(tp=1, dp=2)
+    eng = _engine(preset("a", build_tiny_glm(), **shape), kind)
+    g = eng.spec.group
     try:
         probes = {}
         for rank in (0, 1):
             body = {"input_ids": [1], "routed_dp_rank": rank, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-            r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=300)
+            r = requests.post(eng.url + "/generate", headers=_headers(eng), json=body, timeout=300)
             probes[str(rank)] = {"http_status": r.status_code, **_shape(r.json())}
-        r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=300,
+        r = requests.post(eng.url + "/generate", headers=_headers(eng), timeout=300,
                           json={"input_ids": [1], "routed_dp_rank": 2, "sampling_params": {"max_new_tokens": 1}})
         return {"what": f"{kind}: /server_info DP fields; a one-token probe per routed_dp_rank (and rank 2)",
-                "argv_dp": {"tp": opts.tp, "dp": opts.dp, "enable_dp_attention": opts.enable_dp_attention},
+                "argv_dp": {"tp": g.tp, "dp": g.dp, "enable_dp_attention": g.enable_dp_attention},
                 "server_info": _server_info(eng), "probes": probes,
                 "out_of_range": {"http_status": r.status_code, "text": r.text[:300]}}
     finally:
-        eng.stop()
+        stop_engine(eng)
 
 
 def main(kinds) -> None:

@@ -89,7 +89,7 @@ MALFORMED = [
     ("port-range", TINY, {"rollout.base_port": 70000}, "rollout.base_port: must be <= 65000"),
     ("build-unknown", TINY, {"model.build": "big"}, "model.build: 'big' is not one of"),
     ("tp-bool", TINY, {"engine_groups.0.tp": True}, "engine_groups[0].tp: expected an integer, got True"),
-    ("env-list", TINY, {"engine_groups.0.env.X": [1]}, "env.X: expected a string"),
+    ("env-list", TINY, {"engine_groups.0.env": {"X": [1]}}, "env.X: expected a string"),
     ("batch-zero", TINY, {"rollout.batch_size": 0}, "rollout.batch_size: must be >= 1"),
     ("managed-group-name-empty", TINY, {"engine_groups.0.name": ""}, "name: must not be empty"),
 ]
@@ -172,7 +172,7 @@ def test_shipped_configs_pass_with_sglang():
         if rep.config.name == "glm4.5-355b-a32b":
             d = rep.groups[0].derived
             assert (d.attn_tp_size, d.require_mlp_tp_gather, d.require_attn_tp_gather) == (8, True, True)
-            # the seed states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
+            # the config states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
             assert any("require_mlp_tp_gather = False" in w and "deepep" in w for w in rep.warnings), rep.warnings
             needed = {f["name"] for f in rep.groups[0].fixes if f["needed"]}
             assert "capturer-extent" in needed and "draft-extend-real-rows" in needed, names
@@ -214,5 +214,5 @@ def test_schema_loads_what_the_manager_needs():
     cfg = load_config(os.path.join(HERE, "training_configs", "tiny-cpu.yaml"))
     g = cfg.engine_groups[0]
     assert cfg.model.build == "tiny-glm45" and cfg.cluster.device == "cpu"
-    assert g.engines == 2 and g.routed_experts and g.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert g.engines == 2 and g.routed_experts and g.env == {}   # the CPU device profile sets the engine env
     assert cfg.rollout.budgets.total_s > 0 and cfg.rollout.health.failures >= 1

@@ -19,8 +19,8 @@ def _group(tp, dp, dense, lm_head, a2a, attn=None):
                        moe_a2a_backend=a2a)
 
 
-def test_dp_attention_rules_of_the_glm_config_by_our_rules():
-    # the GLM-4.5 config's flags (tp 32, dp 4, moe-dense-tp 1, dp-lm-head), without and with --moe-a2a-backend deepep
+def test_glm45_355b_facts_by_our_rules():
+    # the GLM-4.5 355B flags as given (a2a none) vs with --moe-a2a-backend deepep, and a plain tp 8 engine
     lit = our_derive(_group(32, 4, 1, True, "none"))
     assert (lit.attn_tp_size, lit.require_mlp_tp_gather, lit.require_attn_tp_gather) == (8, True, True)
     dee = our_derive(_group(32, 4, 1, True, "deepep"))

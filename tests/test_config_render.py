@@ -14,7 +14,7 @@ from training_configs.schema import load_config, shipped_configs
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang not installed")
 
 # slime's own (non --sglang-) flags that the renderer emits. A stand-in list, named as such: slime is
-# not installable here; the names are from slime's arguments (slime-contract §1-§5).
+# not installable here; the names are from slime's `slime/utils/arguments.py`.
 SLIME_FLAGS_STANDIN = {
     "--hf-checkpoint": 1, "--rollout-num-gpus-per-engine": 1, "--rollout-num-gpus": 1,
     "--use-rollout-routing-replay": 0, "--sglang-server-concurrency": 1, "--rollout-batch-size": 1,

@@ -191,15 +191,15 @@ DECODE_BUCKETS = [1, 2, 4]
 REPLAY_LINE = "Decode graph replay: worker=target key_size={key} (bs) mode={mode} raw_bs={raw}"
 
 
-def with_graphs(opts, prefill=None, disable=()):
-    """`opts` with CPU graph replay on: decode buckets 1/2/4, prefill graphs as given."""
-    from dataclasses import replace
-
+def with_graphs(spec, prefill=None, disable=()):
+    """`spec` (an EngineSpec) with CPU graph replay on: decode buckets 1/2/4, prefill graphs as given."""
     cfg = {"decode": {"backend": "full", "bs": DECODE_BUCKETS}, "prefill": prefill or {"backend": "disabled"}}
-    env = {**opts.env, ENV: "1", "SGLANG_LOG_DECODE_GRAPH_KEY": "1"}
+    g = spec.group
+    g.env.update({ENV: "1", "SGLANG_LOG_DECODE_GRAPH_KEY": "1"})
     if disable:
-        env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(disable)
-    return replace(opts, env=env, extra_args=[*opts.extra_args, "--cuda-graph-config", json.dumps(cfg)])
+        g.env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(disable)
+    g.extra_sglang_args.update(cuda_graph_config=json.dumps(cfg), disable_cuda_graph=False)
+    return spec
 
 
 def greedy_runs(engine, prompts_, n, **extra):
@@ -224,15 +224,14 @@ def greedy_runs(engine, prompts_, n, **extra):
 @pytest.mark.timeout(1500)
 def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
+    from conftest import log_text, preset
     from test_engine_single import check_routed, prompts
-
-    from rollout.engines.engine_launch import preset
 
     ps = prompts(tiny_match_model)
     eager = greedy_runs(engine_pool.get("a-match", preset("a", tiny_match_model)), ps, 8)
     eng = engine_pool.get("a-graphs", with_graphs(preset("a", tiny_match_model)))
     graphs = greedy_runs(eng, ps, 8)
-    log = eng.log_text()
+    log = log_text(eng)
     assert "CPU graph replay: DecodeCudaGraphRunner captured bs=[1, 2, 4]" in log
     assert REPLAY_LINE.format(key=4, mode="DECODE", raw=3) in log, "3 concurrent requests never replayed the bs-4 graph"
     for i, (e, g) in enumerate(zip(eager, graphs)):
@@ -252,10 +251,8 @@ PREFILL_REPLAYED = re.compile(r"Prefill batch, #new-seq: 1, #new-token: (\d+),.*
 def test_prefill_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """PrefillCudaGraphRunner replayed on CPU (each 14-token prompt padded to the 16-token graph) gives
     what the eager engine gives: tokens, and routed experts whose prompt rows the replay captured."""
-    from conftest import generate
+    from conftest import generate, log_text, preset
     from test_engine_single import check_routed, prompts
-
-    from rollout.engines.engine_launch import preset
 
     ps = prompts(tiny_match_model)   # two prompts, no shared prefix: each prefill is a fresh 14 tokens
 
@@ -265,7 +262,7 @@ def test_prefill_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     eager = runs(engine_pool.get("a-match", preset("a", tiny_match_model)))
     eng = engine_pool.get("a-prefill-graphs", with_graphs(preset("a", tiny_match_model), prefill=PREFILL_GRAPH))
     graphs = runs(eng)
-    replayed = [int(n) for n in PREFILL_REPLAYED.findall(eng.log_text())]
+    replayed = [int(n) for n in PREFILL_REPLAYED.findall(log_text(eng))]
     assert any(9 <= n <= 16 for n in replayed), f"no prompt prefill replayed the 16-token graph: {replayed}"
     for i, (e, g) in enumerate(zip(eager, graphs)):
         assert g["output_ids"] == e["output_ids"], f"request {i}: tokens differ from eager"
@@ -279,7 +276,7 @@ DP_RANKS = (0, 1)
 
 
 def preset_c(model):
-    from rollout.engines.engine_launch import preset
+    from conftest import preset
 
     return preset("c", model)
 
@@ -332,11 +329,11 @@ def ranks_replaying(log: str, mode: str = "TARGET_VERIFY") -> set:
 def test_c_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """Configuration (c), verify through DecodeCudaGraphRunner replays on both DP ranks: tokens and
     routed experts equal transformers on every rank and token."""
-    from conftest import hf_greedy
+    from conftest import hf_greedy, log_text
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs")
     res = per_rank_results(eng, tiny_match_model)
-    assert ranks_replaying(eng.log_text()) == set(DP_RANKS)
+    assert ranks_replaying(log_text(eng)) == set(DP_RANKS)
     for rank, outs in res.items():
         for ids, out in outs:
             assert out["meta_info"]["dp_rank"] == rank
@@ -353,12 +350,12 @@ def test_c_graphs_without_capturer_extent_corrupts_rank_1(engine_pool, tiny_matc
     count, so DP rank 1 reads its routed experts at stride `bs` instead of `bs * 3` draft tokens.
     Tokens stay right; every generated row on rank 1 comes back with another row's experts
     (measured: rows 14-21 of 22, the prompt rows from eager prefill stay right); rank 0 is right."""
-    from conftest import hf_greedy
+    from conftest import active_fixes, hf_greedy, log_text
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs-no-capturer-extent", disable=("capturer-extent",))
-    assert "capturer-extent" not in eng.active_fixes()
+    assert "capturer-extent" not in active_fixes(eng)
     res = per_rank_results(eng, tiny_match_model)
-    assert ranks_replaying(eng.log_text()) == set(DP_RANKS)
+    assert ranks_replaying(log_text(eng)) == set(DP_RANKS)
     for rank, outs in res.items():
         for ids, out in outs:
             assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
@@ -395,11 +392,13 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
     """`capturer-extent` off, prefill graphs on under DP attention: the prefill replay leaves the
     capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`
     (`dp_rank * cuda_graph_batch`) at the first prefill that both DP ranks run in one step."""
+    from conftest import active_fixes, log_text
+
     eng = engine_pool.get("c-prefill-graphs-no-capturer-extent", with_graphs(
         preset_c(tiny_match_model), prefill=PREFILL_GRAPH, disable=("capturer-extent",)))
-    assert "capturer-extent" not in eng.active_fixes()
+    assert "capturer-extent" not in active_fixes(eng)
     outs = both_ranks_at_once(eng, tiny_match_model)
-    log = eng.log_text()
+    log = log_text(eng)
     assert "local_start_pos = dp_rank * cuda_graph_batch" in log
     assert "TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'" in log
     assert all(isinstance(out, str) for _, _, out in outs), "a request was answered by a crashed engine"
@@ -412,11 +411,11 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
 def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """The same engine and requests with the fix set: prefill replays on both DP ranks, tokens and
     routed experts equal transformers on every rank and token."""
-    from conftest import hf_greedy
+    from conftest import hf_greedy, log_text
 
     eng = engine_pool.get("c-prefill-graphs", with_graphs(preset_c(tiny_match_model), prefill=PREFILL_GRAPH))
     outs = both_ranks_at_once(eng, tiny_match_model)
-    replays = [x for x in eng.log_text().splitlines() if "Prefill batch" in x and "cpu graph: True" in x]
+    replays = [x for x in log_text(eng).splitlines() if "Prefill batch" in x and "cpu graph: True" in x]
     assert {r for r in DP_RANKS if any(f" DP{r} " in x for x in replays)} == set(DP_RANKS), "no DP prefill replay"
     for ids, rank, out in outs:
         assert not isinstance(out, str), out
@@ -428,43 +427,35 @@ def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_
 # `routed-experts-rows`: chunked prefill 16 and 12 running requests (SGLang gives each DP rank half),
 # so SGLang sizes the capture buffer max(8, 6) x 2 DP ranks = 16 rows while the bs-4 verify graph
 # gathers 4 x 3 draft tokens x 2 ranks = 24. (6 running requests a rank, not 4: see the README.)
-SHORT_BUFFER = ["--chunked-prefill-size", "16", "--max-running-requests", "12"]
+SHORT_BUFFER = {"chunked_prefill_size": 16, "max_running_requests": 12}
 BUFFER_ROWS = re.compile(r"DeviceCache\[routed_experts\] allocated: shape=\((\d+), ")
 ROWS_OVERFLOW = "The expanded size of the tensor (16) must match the existing size (24)"
 
 
-def short_buffer_engine_opts(model, disable=()):
-    from dataclasses import replace
+def short_buffer_engine_spec(model, disable=()):
+    from conftest import preset
 
-    opts = with_graphs(preset_c(model), disable=disable)
-    return replace(opts, extra_args=[*opts.extra_args, *SHORT_BUFFER])
-
-
-class _LogShows(Exception):
-    pass
+    return with_graphs(preset("c", model, **SHORT_BUFFER), disable=disable)
 
 
-def failed_start_log(opts, log_path, text) -> str:
+def failed_start_log(spec, log_dir, text) -> str:
     """Start an engine that must not come up; its whole log once `text` is in it or it exited."""
     import time
 
-    from conftest import ENGINE_BUDGET_S
+    from conftest import ENGINE_BUDGET_S, log_text, stop_engine
 
-    from rollout.engines.engine_launch import launch
+    from rollout.engines.local_backend import LocalBackend
 
-    eng = launch(opts, log_path)
-
-    def tick(_elapsed):
-        if text in eng.log_text():
-            raise _LogShows(text)
-
+    eng = LocalBackend(log_dir).start(spec)
     try:
-        with pytest.raises((RuntimeError, _LogShows)):
-            eng.wait_ready(ENGINE_BUDGET_S, on_tick=tick)
+        end = time.monotonic() + ENGINE_BUDGET_S
+        while eng.alive() and text not in log_text(eng):
+            assert time.monotonic() < end, f"the engine neither exited nor logged {text!r} in {ENGINE_BUDGET_S:g} s"
+            time.sleep(1)
         time.sleep(2)   # the rest of the traceback
-        return eng.log_text()
+        return log_text(eng)
     finally:
-        assert not eng.stop(), "processes left after stop"
+        assert not stop_engine(eng)[1], "processes left after stop"
 
 
 @pytest.mark.slow
@@ -474,10 +465,10 @@ def test_c_graphs_without_routed_experts_rows_crash_at_capture(tmp_path, tiny_ma
     """`routed-experts-rows` off, configuration (c) with a short capture buffer (max(chunked prefill,
     running requests) x DP ranks ignores the 3 verify tokens a request): capturing the bs-4 verify
     graph writes 24 gathered rows into SGLang's 16-row buffer and the engine never comes up."""
-    from rollout.engines.engine_launch import parse_active_fixes
+    from rollout.cli.engine import parse_active_fixes
 
-    opts = short_buffer_engine_opts(tiny_match_model, disable=("routed-experts-rows",))
-    log = failed_start_log(opts, str(tmp_path / "engine.log"), ROWS_OVERFLOW)
+    spec = short_buffer_engine_spec(tiny_match_model, disable=("routed-experts-rows",))
+    log = failed_start_log(spec, str(tmp_path), ROWS_OVERFLOW)
     assert set(BUFFER_ROWS.findall(log)) == {"16"}
     assert "Capture cuda graph failed: " + ROWS_OVERFLOW in log
     assert "routed-experts-rows" not in parse_active_fixes(log)
@@ -489,12 +480,12 @@ def test_c_graphs_without_routed_experts_rows_crash_at_capture(tmp_path, tiny_ma
 def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """The same settings with the fix set: the buffer grows to at least 4 x 3 x 2 = 24 rows (after
     SGLang's 16), verify replays on both DP ranks, tokens and routed experts equal transformers."""
-    from conftest import hf_greedy
+    from conftest import active_fixes, hf_greedy, log_text
 
-    eng = engine_pool.get("c-graphs-short-buffer", short_buffer_engine_opts(tiny_match_model))
-    assert "routed-experts-rows" in eng.active_fixes()
+    eng = engine_pool.get("c-graphs-short-buffer", short_buffer_engine_spec(tiny_match_model))
+    assert "routed-experts-rows" in active_fixes(eng)
     res = per_rank_results(eng, tiny_match_model)
-    log = eng.log_text()
+    log = log_text(eng)
     rows = [int(n) for n in BUFFER_ROWS.findall(log)]
     assert 16 in rows and max(rows) >= 24, rows
     assert ranks_replaying(log) == set(DP_RANKS)
@@ -509,7 +500,7 @@ def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, 
 # ceil_align(4, attn_tp 2). The hook's first version aligned every speculative batch to lcm(2, 3) = 6,
 # draft decode (1 token a request) included; the test re-installs it in the engine's processes through
 # a sitecustomize shim (test-only, nothing in the product reads it).
-LCM_ARGS = ["--chunked-prefill-size", "16", "--max-running-requests", "8"]
+LCM_ARGS = {"chunked_prefill_size": 16, "max_running_requests": 8}
 DRAFT_ROWS_OVERFLOW = "The size of tensor a (4) must match the size of tensor b (6)"
 OLD_LCM_HOOK = """
 from sglang_patches.fixes import verify_padding_lcm
@@ -524,16 +515,15 @@ verify_padding_lcm.request_width = _server_wide_k
 """
 
 
-def lcm_engine_opts(model, shim_dir=None):
-    from dataclasses import replace
+def lcm_engine_spec(model, shim_dir=None):
+    from conftest import preset
 
-    opts = with_graphs(preset_c(model))
-    env = dict(opts.env)
+    spec = with_graphs(preset("c", model, **LCM_ARGS))
     if shim_dir:
         with open(os.path.join(shim_dir, "sitecustomize.py"), "w") as f:
             f.write(OLD_LCM_HOOK)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (shim_dir, os.environ.get("PYTHONPATH")) if p)
-    return replace(opts, env=env, extra_args=[*opts.extra_args, *LCM_ARGS])
+        spec.group.env["PYTHONPATH"] = os.pathsep.join(p for p in (shim_dir, os.environ.get("PYTHONPATH")) if p)
+    return spec
 
 
 @pytest.mark.slow
@@ -547,14 +537,14 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
 
     import requests
 
-    from conftest import generate
+    from conftest import active_fixes, generate, log_text
     from test_engine_single import prompts
 
-    eng = engine_pool.get("c-graphs-old-lcm", lcm_engine_opts(tiny_match_model, shim_dir=str(tmp_path)))
-    assert "verify-padding-lcm" in eng.active_fixes()
+    eng = engine_pool.get("c-graphs-old-lcm", lcm_engine_spec(tiny_match_model, shim_dir=str(tmp_path)))
+    assert "verify-padding-lcm" in active_fixes(eng)
     with pytest.raises(requests.RequestException):   # the engine drops the connection
         generate(eng, prompts(tiny_match_model)[0], 9, routed_dp_rank=0)
-    log = eng.log_text()
+    log = log_text(eng)
     assert "RuntimeError: " + DRAFT_ROWS_OVERFLOW in log
     assert "in _draft_forward_idle" in log and "in fill_from" in log
     for _ in range(75):   # SGLang waits 60 s for CUDA core dumps before it takes the server down
@@ -571,12 +561,12 @@ def test_c_verify_padding_lcm_leaves_draft_decode_alone(engine_pool, tiny_match_
     """The same engine with the hook as shipped (only batches whose requests are k tokens wide are
     aligned to 6): 4 requests a DP rank at once, verify replays on both ranks, tokens and routed
     experts equal transformers on every rank and token."""
-    from conftest import hf_greedy
+    from conftest import active_fixes, hf_greedy, log_text
 
-    eng = engine_pool.get("c-graphs-lcm", lcm_engine_opts(tiny_match_model))
-    assert "verify-padding-lcm" in eng.active_fixes()
+    eng = engine_pool.get("c-graphs-lcm", lcm_engine_spec(tiny_match_model))
+    assert "verify-padding-lcm" in active_fixes(eng)
     res = per_rank_results(eng, tiny_match_model, copies=2)
-    log = eng.log_text()
+    log = log_text(eng)
     assert DRAFT_ROWS_OVERFLOW not in log
     assert ranks_replaying(log) == set(DP_RANKS)
     assert REPLAY_LINE.format(key=4, mode="TARGET_VERIFY", raw=4) in log, "no rank verified 4 requests at once"

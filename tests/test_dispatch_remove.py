@@ -91,7 +91,7 @@ def test_waiters_get_slots_in_order_and_wake_when_a_suspect_pause_ends():
                 assert not d._waiters
 
                 # the only engine answers with a connection error once: paused 1 s, then used again
-                from rollout.engines.engine_launch import free_port
+                from rollout.net import free_port
                 bad = _Eng("flaky", free_port())
                 d2 = Dispatcher(session, {"max_new_tokens": 1}, capacity=1)
                 await d2.admit(bad)

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from rollout.engines.engine_launch import free_port
+from rollout.net import free_port
 from rollout.engines.process import OWNER_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -5,10 +5,10 @@ DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, NEXTN (2
 Every DP rank is pinned in turn (`routed_dp_rank`) and compared with transformers.
 """
 import pytest
-from conftest import generate, hf_greedy
+from conftest import active_fixes, generate, hf_greedy, preset
 from test_engine_single import check_routed, prompts
 
-from rollout.engines.engine_launch import preset
+from rollout.net import auth_headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -23,10 +23,10 @@ def engine_c(engine_pool, tiny_match_model):
 def test_c_shape_and_plugin(engine_c):
     import requests
 
-    info = requests.get(engine_c.url + "/server_info", headers=engine_c.headers(), timeout=60).json()
+    info = requests.get(engine_c.url + "/server_info", headers=auth_headers(engine_c.api_key), timeout=60).json()
     assert info["tp_size"] == 4 and info["enable_dp_attention"] and info["ep_size"] == 4
     assert info["moe_dense_tp_size"] == 1 and info["enable_dp_lm_head"] and info["speculative_num_draft_tokens"] == 3
-    fixes = set(engine_c.active_fixes())
+    fixes = set(active_fixes(engine_c))
     assert {"cpu-gloo-stacked-allgather", "cpu-ep-native-moe", "verify-padding-lcm"} <= fixes
 
 
@@ -72,9 +72,9 @@ def test_c_mixed_load(engine_c, tiny_match_model):
 
 
 def test_c_without_dp_fixes_same_results(engine_pool, tiny_match_model):
-    """Item 6 of the issue: the same checks with the DP-attention fixes disabled.
+    """The same checks with the DP-attention fixes disabled.
 
-    Measured on CPU (2026-11-29): nothing differs - outputs, accept lengths and routed experts
+    Measured on CPU: nothing differs - outputs, accept lengths and routed experts
     match transformers on both DP ranks with or without the fixes. The defects they fix live in
     code paths an eager CPU engine does not take (graph replays, flashinfer's row-count check,
     capture buffers shorter than a graph bucket). With CPU graph replay on, tests/test_cpu_graphs.py
@@ -85,7 +85,7 @@ def test_c_without_dp_fixes_same_results(engine_pool, tiny_match_model):
     dp_fixes = [f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream]
     eng = engine_pool.get("c-no-dp-fixes", preset("c", tiny_match_model,
                                                   env={"SLIME_MOE_ROLLOUT_DISABLE": ",".join(dp_fixes)}))
-    assert not set(dp_fixes) & set(eng.active_fixes())
+    assert not set(dp_fixes) & set(active_fixes(eng))
     for rank in DP_RANKS:
         for ids in prompts(tiny_match_model):
             out = generate(eng, ids, 9, routed_dp_rank=rank)

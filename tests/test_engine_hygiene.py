@@ -12,8 +12,9 @@ import time
 import pytest
 
 from rollout.config import EngineSpec
-from rollout.engines.engine_launch import free_port
-from rollout.engines.lifecycle import EngineStartError, LocalBackend
+from rollout.net import free_port
+from rollout.engines.base import EngineStartError
+from rollout.engines.local_backend import LocalBackend
 from rollout.engines.process import OWNER_ENV, group_pids
 from training_configs.schema import EngineGroup
 
@@ -25,7 +26,7 @@ STANDIN = os.path.join(ROOT, "tests", "test_readiness.py")
 MANAGER = textwrap.dedent("""
     import sys, threading, time
     from rollout.config import EngineSpec
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from training_configs.schema import EngineGroup
     port = int(sys.argv[1])
     spec = EngineSpec("s-0", EngineGroup(name="s", engines=1, gpus_per_engine=1, tp=1), 0, "127.0.0.1", port,
@@ -112,7 +113,7 @@ def test_port_held_by_a_live_process_is_named_not_killed(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_key_is_in_a_0600_file_not_on_argv_and_masked_in_log_tails(tmp_path):
-    from rollout.engines.lifecycle import LocalEngine
+    from rollout.engines.local_backend import LocalEngine
     from rollout.engines.process import ServerProcess
     # SGLang logs its server_args, api_key included: the stand-in does the same
     code = "import sys, time; print('server_args=' + open(sys.argv[-1]).read().strip(), flush=True); time.sleep(30)"

@@ -1,18 +1,10 @@
-"""Launch interface without starting SGLang: argv, env, parsing of the server log, CLI errors."""
-import pytest
-
+"""`engine launch` and the presets without starting SGLang: the command each preset config gives,
+parsing of the server log, one-line CLI errors, the port helper."""
+from rollout import config as rconfig
 from rollout.cli import main
-from rollout.engines.engine_launch import (
-    EngineOptions,
-    free_port,
-    parse_active_fixes,
-    parse_startup_timings,
-    preset,
-    rank_count,
-    resolve,
-    server_command,
-    thread_binding,
-)
+from rollout.cli.engine import parse_active_fixes, parse_startup_timings
+from rollout.engines.command import rank_count, spec_commands, spec_fields, thread_binding
+from rollout.net import free_port
 
 LOG = """[2026-11-29 20:21:55] Engine startup timings (s): load_weight=0.24, kv_cache_allocation=1.68, \
 scheduler_e2e=14.48, cuda_graph={prefill=0.00, decode=0.00}, tokenizer_e2e=279.12
@@ -20,45 +12,54 @@ scheduler_e2e=14.48, cuda_graph={prefill=0.00, decode=0.00}, tokenizer_e2e=279.1
 """
 
 
+def _spec(name, port=31234):
+    cfg = rconfig.load(name)
+    return rconfig.engine_specs(cfg, "/m", ports=[port])[0]
+
+
+def test_presets_are_configs_in_the_one_schema():
+    for name, (path, _) in rconfig.PRESETS.items():
+        cfg = rconfig.load(name)
+        assert cfg.source.endswith(path) and cfg.cluster.device == "cpu" and len(cfg.engine_groups) == 1
+    assert rconfig.load("c").engine_groups[0].enable_dp_attention
+    assert rconfig.preset_path("some/file.yaml") == "some/file.yaml"
+
+
 def test_preset_c_argv_and_env():
-    argv, env = server_command(preset("c", "/m"))
+    (c,) = spec_commands(_spec("c"))
+    argv, env = c.argv, c.env
     assert argv[1:3] == ["-m", "sglang.launch_server"] and all(isinstance(a, str) for a in argv)
     s = " ".join(argv)
-    for flag in ("--device cpu", "--host 127.0.0.1", "--tp-size 4", "--dp-size 2", "--ep-size 4",
+    for flag in ("--device cpu", "--host 127.0.0.1", "--port 31234", "--tp-size 4", "--dp-size 2", "--ep-size 4",
                  "--moe-dense-tp-size 1", "--enable-dp-attention", "--enable-dp-lm-head",
                  "--enable-return-routed-experts", "--speculative-algorithm NEXTN", "--speculative-num-steps 2",
-                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--attention-backend intel_amx"):
-        assert flag in s
-    assert "--api-key" not in argv and "--sleep-on-idle" in argv  # the key goes to a 0600 --config file
+                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--attention-backend intel_amx",
+                 "--max-total-tokens 4096", "--mem-fraction-static 0.05"):
+        assert flag in s, flag
+    assert "--api-key" not in argv and "--sleep-on-idle" in argv  # a key would go to a 0600 --config file
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 3  # 4 ranks
 
 
-def test_preset_a_single_rank_no_binding(monkeypatch):
+def test_preset_a_single_rank_keyed_no_binding(monkeypatch):
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
-    opts = preset("a", "/m")
-    assert rank_count(opts) == 1
-    argv, env = server_command(opts)
-    assert "--attention-backend" not in argv and "--enable-return-routed-experts" in argv
-    assert "SGLANG_CPU_OMP_THREADS_BIND" not in env
+    spec = _spec("a")
+    assert rank_count(spec_fields(spec)) == 1 and spec.api_key   # a generated key
+    (c,) = spec_commands(spec)
+    assert "--attention-backend" not in c.argv and "--enable-return-routed-experts" in c.argv
+    assert c.api_key == spec.api_key and spec.api_key not in " ".join(c.argv)
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in c.env
 
 
-def test_resolve_fills_port_and_key_and_checks():
-    r = resolve(EngineOptions(model_path="/m"))
-    assert r.port > 0 and r.api_key
-    assert resolve(EngineOptions(model_path="/m", port=1234, api_key="k")).api_key == "k"
-    with pytest.raises(ValueError, match="tp divisible by dp"):
-        resolve(EngineOptions(model_path="/m", tp=3, dp=2, enable_dp_attention=True))
-    with pytest.raises(ValueError, match="lack"):
-        resolve(EngineOptions(model_path="/m", speculative={"algorithm": "NEXTN"}))
-    with pytest.raises(ValueError, match="unknown engine configuration"):
-        preset("z", "/m")
-    assert 0 < free_port() < 65536
+def test_preset_b_speculative_gets_the_eagle_cpu_backend():
+    (c,) = spec_commands(_spec("b"))
+    assert "--speculative-algorithm NEXTN" in " ".join(c.argv) and "--attention-backend intel_amx" in " ".join(c.argv)
 
 
 def test_user_env_wins_and_binding_split():
-    _, env = server_command(EngineOptions(model_path="/m", tp=2, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|0"}))
-    assert env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|0"
+    spec = _spec("c")
+    spec.group.env["SGLANG_CPU_OMP_THREADS_BIND"] = "0|0|0|0"
+    assert spec_commands(spec)[0].env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|0|0|0"
     assert thread_binding(2, [0, 1]) == "0|1"
     assert thread_binding(4, [0, 1]) == "0|1|0|1"
     assert thread_binding(2, [0, 1, 2, 3]) == "0-1|2-3"
@@ -71,12 +72,14 @@ def test_log_parsers():
     assert parse_startup_timings("nothing") is None and parse_active_fixes("nothing") is None
 
 
-def test_cli_bad_input_is_one_line(capsys):
+def test_cli_bad_input_is_one_line(capsys, tmp_path):
     assert main(["engine", "launch", "--config", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "invalid choice" in err[0]
-    assert main(["engine", "launch", "--config", "a", "--model-path", "/nonexistent"]) == 2
+    assert len(err) == 1 and "x: cannot read" in err[0]
+    assert main(["engine", "launch", "--config", "a", "--model-path", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+    assert main(["engine", "launch", "--config", "a", "--port", "80"]) == 2
+    assert "--port: must be in [1024, 65000], got 80" in capsys.readouterr().err
 
 
 def test_free_port_leaves_room_for_sglang_0_5_15_grpc_port(monkeypatch):
@@ -104,3 +107,5 @@ def test_free_port_leaves_room_for_sglang_0_5_15_grpc_port(monkeypatch):
 
     monkeypatch.setattr(socket, "socket", Sock)
     assert free_port() == 41000
+    monkeypatch.undo()
+    assert 0 < free_port() <= 55535

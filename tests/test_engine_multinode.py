@@ -14,8 +14,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rollout import config as rconfig  # noqa: E402
-from rollout.engines.engine_launch import free_port  # noqa: E402
+from rollout.cli.engine import model_for  # noqa: E402
 from rollout.engines.process import group_pids  # noqa: E402
+from rollout.net import free_port  # noqa: E402
 from rollout.manager import RolloutManager  # noqa: E402
 from rollout.types import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream  # noqa: E402
@@ -58,7 +59,7 @@ def test_two_node_engine_serves_and_restarts_whole_on_node1_kill(cluster, tmp_pa
     from rollout.engines.ray_backend import RayBackend
 
     cfg = _config()
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    model = model_for(cfg, ROOT)
     backend = RayBackend(str(tmp_path))
     mgr = RolloutManager.from_config(cfg, backend, model, ports=[free_port()])
     seen = []

@@ -6,9 +6,11 @@ asks the session engine pool for its configuration; the pool keeps one engine al
 import requests
 
 import pytest
-from conftest import decode_routed, generate, hf_greedy, hf_router_topk, pids_alive
+from conftest import active_fixes, decode_routed, generate, hf_greedy, hf_router_topk, log_text, preset
 
-from rollout.engines.engine_launch import preset
+from rollout.cli.engine import parse_startup_timings
+from rollout.engines.process import alive_pids, rss
+from rollout.net import auth_headers
 from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow
@@ -48,14 +50,14 @@ def engine_b(engine_pool, tiny_match_model):
 
 
 def test_a_plugin_loaded_and_api_key_enforced(engine_a):
-    fixes = engine_a.active_fixes()
+    fixes = active_fixes(engine_a)
     assert fixes is not None, "plugin log line missing from the server log"
     assert CPU_FIXES <= set(fixes)
-    assert engine_a.opts.host == "127.0.0.1"
+    assert engine_a.spec.host == "127.0.0.1"
     r = requests.post(engine_a.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}},
                       timeout=60)
     assert r.status_code == 401
-    info = requests.get(engine_a.url + "/server_info", headers=engine_a.headers(), timeout=60).json()
+    info = requests.get(engine_a.url + "/server_info", headers=auth_headers(engine_a.api_key), timeout=60).json()
     assert info["enable_return_routed_experts"] is True and info["device"] == "cpu"
     assert info["attention_backend"] == "torch_native"  # no speculative decoding: SGLang's own CPU choice
 
@@ -66,17 +68,17 @@ def test_a_routed_experts_match_transformers(engine_a, tiny_model):
 
 
 def test_a_startup_timings_and_memory(engine_a):
-    t = engine_a.startup_timings()
+    t = parse_startup_timings(log_text(engine_a))
     assert t is not None and t["tokenizer_e2e"] > 0 and t["scheduler_e2e"] > 0
-    mem = engine_a.memory()
+    mem = rss(engine_a.tree_pids())
     names = {n for n, _ in mem.values()}
     assert {"launch_server", "sglang::scheduler", "sglang::detokenizer"} <= names
     assert all(rss > 0 for _, rss in mem.values())
 
 
 def test_b_greedy_equals_transformers_and_drafts_accepted(engine_b, tiny_match_model):
-    assert "cpu-eagle-attn-backend" in engine_b.active_fixes()
-    info = requests.get(engine_b.url + "/server_info", headers=engine_b.headers(), timeout=60).json()
+    assert "cpu-eagle-attn-backend" in active_fixes(engine_b)
+    info = requests.get(engine_b.url + "/server_info", headers=auth_headers(engine_b.api_key), timeout=60).json()
     assert info["attention_backend"] == "intel_amx"  # kept on this AMX-less CPU for NEXTN
     for ids in prompts(tiny_match_model):
         out = generate(engine_b, ids, 12)
@@ -101,4 +103,4 @@ def test_stop_leaves_no_orphans(engine_pool, engine_b):
     pids = engine_b.tree_pids()
     assert len(pids) >= 3
     engine_pool.close()
-    assert pids_alive(pids) == []
+    assert alive_pids(pids) == []

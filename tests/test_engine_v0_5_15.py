@@ -23,21 +23,21 @@ def run_child(model: str, prompts: list, budget_s: float, disable: str) -> dict:
     """Launch config (a) on this interpreter's SGLang (SLIME_MOE_ROLLOUT_DISABLE=`disable`), generate
     each prompt, stop; returns a dict."""
     import tempfile
-    from dataclasses import replace
+    import time
 
-    from conftest import generate
+    from conftest import active_fixes, generate, preset, start_engine, stop_engine
 
-    from rollout.engines.engine_launch import launch, preset
     from sglang_patches.registry import sglang_version
 
-    log = os.path.join(tempfile.mkdtemp(prefix=f"engine-v{sglang_version()}-"), "engine-a.log")
-    eng = launch(replace(preset("a", model), env={"SLIME_MOE_ROLLOUT_DISABLE": disable}), log)
+    t0 = time.monotonic()
+    spec = preset("a", model, env={"SLIME_MOE_ROLLOUT_DISABLE": disable})
+    eng = start_engine(spec, tempfile.mkdtemp(prefix=f"engine-v{sglang_version()}-"), budget_s)
     try:
-        ready_s = eng.wait_ready(budget_s)
+        ready_s = time.monotonic() - t0
         outs = [generate(eng, ids, 6) for ids in prompts]
-        return {"ready_s": ready_s, "fixes": eng.active_fixes(), "outs": outs, "log": log}
+        return {"ready_s": ready_s, "fixes": active_fixes(eng), "outs": outs, "log": eng.log_path}
     finally:
-        left = eng.stop()
+        left = stop_engine(eng)[1]
         assert not left, f"engine processes left: {left}"
 
 

@@ -382,7 +382,7 @@ def test_judges_on_recorded_inputs():
 
 
 def test_judge_status_on_real_patches_status_output():
-    from rollout.engines.engine_launch import parse_active_fixes
+    from rollout.cli.engine import parse_active_fixes
 
     p = subprocess.run([sys.executable, "-m", "rollout.cli", "patches", "status"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)

@@ -1,121 +1,163 @@
 """Busy is not dead, on the REAL CPU engine (sglang#22511). Slow: starts one engine.
 
-SGLang 0.5.23 answers a busy scheduler's health probe after each forward, so `/health_generate`
-fails only when ONE forward outlasts the window (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s; 1 s here):
-a large unchunked prefill batch (`--chunked-prefill-size -1`, 24 prompts of 1900 tokens). The test
-first shows the stock answer (503 while the engine is only busy: the monitor before this change
-counted every 503), then runs the monitor with `http_probe` through the same prefill (never
-declared dead, probes pass as "busy"), then SIGSTOPs the scheduler (declared dead within
-failures x (interval + probe)).
+SGLang answers `/health_generate` 503 when no scheduler output reached the HTTP server within its
+window (`SGLANG_HEALTH_CHECK_TIMEOUT`, 20 s; 1 s here), so ONE forward longer than the window fails
+it. The tests do not rely on the machine being slow enough for that: a request carrying
+`held_forward.HeldForward` keeps the scheduler inside its forward step, burning CPU, until the test
+releases it. Shown: the stock answer while only busy (503); during one held step, a monitor without
+the progress rule (every failed probe counts) declares the engine dead, while the monitor with
+`http_probe` keeps it as "busy"; a SIGSTOPped scheduler is declared dead within failures x (interval +
+probe).
 """
 import asyncio
+import contextlib
+import os
 import threading
 import time
 
 import aiohttp
 import pytest
 import requests
+from conftest import preset
 
-from rollout.engines.engine_launch import EngineOptions
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
+from rollout.net import auth_headers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-N_PROMPTS, PROMPT_LEN = 24, 1900
-BUSY_ATTEMPTS = 4
+TESTS = os.path.dirname(os.path.abspath(__file__))
+INTERVAL_S, FAILURES = 0.5, 2
+
+
+@pytest.fixture(scope="module")
+def engine(engine_pool, tiny_model):
+    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    spec = preset("a", tiny_model, args={"enable_custom_logit_processor": True},
+                  env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1", "PYTHONPATH": path})
+    return engine_pool.get("health-busy", spec)
+
+
+def _health(engine) -> int:
+    return requests.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key), timeout=60).status_code
+
+
+def _healthy_again(engine, budget_s: float = 120.0) -> bool:
+    """/health_generate 200 within the budget (its one-token probe may itself outlast 1 s on a slow machine)."""
+    end = time.monotonic() + budget_s
+    while time.monotonic() < end:
+        if _health(engine) == 200:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def held_forward(engine, tmp_path, budget_s: float = 120.0):
+    """One request whose forward step lasts until the block ends (the scheduler is inside it on entry)."""
+    from held_forward import HeldForward
+
+    hold = str(tmp_path / "hold")
+    open(hold, "w").close()
+    body = {"input_ids": [5, 6, 7, 8], "custom_logit_processor": HeldForward.to_str(),
+            "sampling_params": {"max_new_tokens": 1, "custom_params": {"hold": hold}}}
+    answer = []
+    t = threading.Thread(target=lambda: answer.append(requests.post(
+        engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600).status_code))
+    t.start()
+    try:
+        end = time.monotonic() + budget_s
+        while not os.path.exists(hold + ".entered"):
+            assert t.is_alive(), f"the held request ended before its forward step: HTTP {answer}"
+            assert time.monotonic() < end, f"the scheduler did not reach the held step in {budget_s:g} s"
+            time.sleep(0.1)
+        yield
+    finally:
+        os.unlink(hold)
+        t.join(timeout=300)
+    assert answer == [200], f"the held request failed: {answer}"
+
+
+def test_stock_health_generate_fails_while_only_busy(engine, tmp_path):
+    with held_forward(engine, tmp_path):
+        busy = _health(engine)
+    assert busy == 503, f"/health_generate answered {busy} while the scheduler was inside one long forward"
+    assert _healthy_again(engine)
 
 
 class Handle:
-    """The monitor's view of an EngineProcess (name, url, key, local pid)."""
-    backend = "local"
+    """The monitor's view of the pool's engine, under another name per monitor."""
 
-    def __init__(self, eng):
-        self.eng, self.name, self.url, self.api_key, self.pid = eng, "hb", eng.url, eng.api_key, eng.pid
+    def __init__(self, eng, name):
+        self.eng, self.name, self.url, self.api_key, self.pid = eng, name, eng.url, eng.api_key, eng.pid
+        self.backend = eng.backend
 
     def alive(self):
         return self.eng.alive()
 
     def exit_reason(self):
-        return f"exited {self.eng.popen.returncode}"
+        return self.eng.exit_reason()
 
 
-def _prefill_burst(eng, seed):
-    def one(i):
-        ids = [10 + (seed * 7919 + i * 131 + j * 17) % 180 for j in range(PROMPT_LEN)]
-        requests.post(eng.url + "/generate", headers=eng.headers(), timeout=600,
-                      json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}})
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(N_PROMPTS)]
-    for t in threads:
-        t.start()
-    return threads
+def _without_rule(session):
+    """The probe without the progress rule: every answer but 200 is a failure (the stock monitor)."""
+    async def probe(engine):
+        async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
+                               timeout=aiohttp.ClientTimeout(total=30)) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}")
+    return probe
 
 
-@pytest.fixture(scope="module")
-def engine(engine_pool, tiny_model):
-    opts = EngineOptions(model_path=tiny_model, max_total_tokens=N_PROMPTS * PROMPT_LEN + 2048,
-                         extra_args=["--chunked-prefill-size", "-1", "--max-prefill-tokens",
-                                     str(N_PROMPTS * PROMPT_LEN + 2048), "--context-length", "2048"],
-                         env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"})
-    return engine_pool.get("health-busy", opts)
-
-
-def test_stock_health_generate_fails_while_only_busy(engine):
-    threads = _prefill_burst(engine, 1)
-    answers = []
-    while any(t.is_alive() for t in threads):
-        answers.append(requests.get(engine.url + "/health_generate", headers=engine.headers(), timeout=60).status_code)
-    print("health answers during the burst:", answers)
-    assert 503 in answers, f"one forward did not outlast the 1 s window: {answers}"
-    assert requests.get(engine.url + "/health_generate", headers=engine.headers(), timeout=60).status_code == 200
-
-
-def test_monitor_keeps_busy_engine_and_kills_stopped_one(engine):
-    handle = Handle(engine)
-
+def test_monitor_keeps_busy_engine_and_kills_stopped_one(engine, tmp_path):
     async def go():
         dead = []
 
         async def on_dead(e, reason):
-            dead.append((time.monotonic(), reason))
+            dead.append((e.name, time.monotonic(), reason))
 
         async with aiohttp.ClientSession() as s:
-            m = HealthMonitor(http_probe(s, 30), on_dead, interval_s=0.5, failures=2)
-            m.watch(handle)
-            m.start()
-            # A probe answers 503 only if it starts > 1 s before the forward in flight ends, so one burst
-            # may slip between probes: burst again (bounded) until the monitor has met the busy engine.
-            for attempt in range(BUSY_ATTEMPTS):
-                threads = _prefill_burst(engine, 2 + attempt)
-                while any(t.is_alive() for t in threads):
+            ruled = HealthMonitor(http_probe(s, 30), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
+            stock = HealthMonitor(_without_rule(s), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
+            ruled.watch(Handle(engine, "with-rule"))
+            stock.watch(Handle(engine, "without-rule"))
+            ruled.start()
+            stock.start()
+            with held_forward(engine, tmp_path):   # one forward step, held until both monitors have seen it
+                end = time.monotonic() + 90
+                busy = lambda: [d for _, ok, d in ruled.history if ok and d.startswith("busy (HTTP 503")]
+                while (len(busy()) < FAILURES + 1 or not dead) and time.monotonic() < end:
                     await asyncio.sleep(0.2)
-                if any(d.startswith("busy (HTTP 503") for _, _, d in m.history):
-                    break
-                print(f"burst {attempt + 1}/{BUSY_ATTEMPTS}: no probe met the busy engine: {list(m.history)}")
-            busy_history = list(m.history)
+                held = list(ruled.history), list(dead)
+            await stock.stop()
+            assert await asyncio.to_thread(_healthy_again, engine)
             procs = _schedulers(engine)
             for p in procs:
                 p.suspend()
             t_stop = time.monotonic()
             try:
-                while not dead and time.monotonic() - t_stop < 60:
+                while len(dead) < 2 and time.monotonic() - t_stop < 60:
                     await asyncio.sleep(0.2)
             finally:
                 for p in procs:
                     p.resume()
-            await m.stop()
-            return busy_history, dead, t_stop
+            await ruled.stop()
+            return held, dead, t_stop
 
-    busy_history, dead, t_stop = asyncio.run(go())
-    print("busy phase:", busy_history)
+    (history, dead_while_held), dead, t_stop = asyncio.run(go())
+    print("while held:", history, dead_while_held)
     print("after SIGSTOP:", dead)
-    assert not [d for d in dead if d[0] < t_stop], "declared dead while only busy"
-    assert any(d.startswith("busy (HTTP 503") for _, ok, d in busy_history), busy_history
-    assert dead and "health probes failed" in dead[0][1] and dead[0][0] - t_stop < 2 * (0.5 + 1 + 5) + 5
-    assert requests.get(engine.url + "/health_generate", headers=engine.headers(), timeout=60).status_code == 200
+    assert [n for n, _, _ in dead_while_held] == ["without-rule"], \
+        f"the held step must fail the monitor without the rule, and only it: {dead_while_held}"
+    busy = [d for _, ok, d in history if ok and d.startswith("busy (HTTP 503")]
+    assert len(busy) >= FAILURES + 1, f"the monitor with the rule never met the busy engine: {history}"
+    assert all(ok for _, ok, _ in history), f"a probe failed while the engine was only busy: {history}"
+    stopped = [(t, r) for n, t, r in dead if n == "with-rule"]
+    assert stopped and "health probes failed" in stopped[0][1], dead
+    assert stopped[0][0] - t_stop < FAILURES * (INTERVAL_S + 1 + 5) + 5
+    assert _healthy_again(engine)
 
 
 def _schedulers(engine):
     import psutil
 
     procs = [p for p in psutil.Process(engine.pid).children(recursive=True) if "scheduler" in p.name()]
-    assert procs and scheduler_cpu(Handle(engine))[0] is not None, "no scheduler process found by name"
+    assert procs and scheduler_cpu(engine)[0] is not None, "no scheduler process found by name"
     return procs

@@ -13,11 +13,13 @@ import aiohttp
 import pytest
 
 from rollout import config as rconfig
-from rollout.engines.engine_launch import free_port
+from rollout.cli.engine import model_for
+from rollout.engines.base import EngineStartError
 from rollout.engines.health import HealthMonitor, http_probe
-from rollout.engines.lifecycle import EngineStartError, LocalBackend
-from rollout.manager import RolloutManager
+from rollout.engines.local_backend import LocalBackend
 from rollout.engines.readiness import ReadinessError, wait_ready
+from rollout.manager import RolloutManager
+from rollout.net import free_port
 from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
@@ -61,7 +63,7 @@ def loop():
 @pytest.fixture(scope="module")
 def mgr(loop, tmp_path_factory):
     cfg = _config()
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    model = model_for(cfg, ROOT)
     m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path_factory.mktemp("logs"))), model,
                                    ports=[free_port()])
     loop.run_until_complete(m.start())
@@ -238,7 +240,7 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
 @pytest.mark.e2e
 def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
     cfg = _config(engines=2, max_new_tokens=24)
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    model = model_for(cfg, ROOT)
 
     async def go():
         m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path)), model, ports=[free_port(), free_port()])

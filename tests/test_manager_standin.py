@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from rollout.config import EngineSpec
-from rollout.engines.engine_launch import free_port
+from rollout.net import free_port
 from rollout.manager import RolloutManager, group_record
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, SampleStatus

@@ -52,19 +52,19 @@ def test_r3_check_url_of_a_running_nextn_engine(tmp_path):
     """--url: the manager attaches to an engine started elsewhere (here: routed experts + NEXTN, keyed)."""
     import os
 
-    from rollout.engines.engine_launch import launch, preset
+    from conftest import preset, start_engine, stop_engine
     from rollout.near_tie_model import build_near_tie_glm
 
     model = build_near_tie_glm(str(tmp_path / "near-tie"))
-    eng = launch(preset("b", model), str(tmp_path / "engine.log"))
+    eng = start_engine(preset("b", model), str(tmp_path / "logs"))
     try:
-        eng.wait_ready(600)
-        os.environ["R3_TEST_ENGINE_KEY"] = eng.opts.api_key
+        os.environ["R3_TEST_ENGINE_KEY"] = eng.api_key
         p = _check("--url", eng.url, "--api-key-env", "R3_TEST_ENGINE_KEY", "--model", model, "--prompts", "6",
                    "--max-new-tokens", "24", "--json")
     finally:
         os.environ.pop("R3_TEST_ENGINE_KEY", None)
-        assert not eng.stop(), "processes left after stop"
+        _, left = stop_engine(eng)
+        assert not left, f"processes left after stop: {left}"
     assert p.returncode == 0, p.stderr[-3000:]
     _judged(json.loads(p.stdout))
 

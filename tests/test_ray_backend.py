@@ -12,8 +12,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rollout import config as rconfig  # noqa: E402
-from rollout.engines.engine_launch import free_port  # noqa: E402
-from rollout.engines.lifecycle import group_pids  # noqa: E402
+from rollout.cli.engine import model_for  # noqa: E402
+from rollout.engines.process import group_pids  # noqa: E402
+from rollout.net import free_port  # noqa: E402
 from rollout.manager import RolloutManager, group_record  # noqa: E402
 from rollout.types import EngineEvent  # noqa: E402
 from rollout.stream import GroupStream, RayGroupQueue  # noqa: E402
@@ -45,7 +46,7 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
     cfg.rollout.sampling.max_new_tokens = 8
     for k in ("http_s", "server_up_s"):
         setattr(cfg.rollout.budgets, k, 400.0)
-    model = rconfig.resolve_model(cfg, root=ROOT)
+    model = model_for(cfg, ROOT)
     backend = RayBackend(str(tmp_path), init_kwargs={"num_cpus": 2, "namespace": "rollout-test"})
     ray_pids = _ray_pids()
     mgr = RolloutManager.from_config(cfg, backend, model, ports=[free_port()])

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from rollout.config import EngineSpec  # noqa: E402
 from rollout.engines.command import spec_commands  # noqa: E402
-from rollout.engines.engine_launch import free_port  # noqa: E402
+from rollout.net import free_port  # noqa: E402
 from rollout.engines.process import group_pids  # noqa: E402
 from training_configs.schema import EngineGroup  # noqa: E402
 

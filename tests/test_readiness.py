@@ -18,9 +18,11 @@ if __name__ != "__main__":
     import pytest
 
     from rollout.config import EngineSpec
+    from rollout.engines.base import EngineStartError
     from rollout.engines.health import HealthMonitor
-    from rollout.engines.lifecycle import EngineStartError, LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import PHASES, ReadinessError, dp_ranks, wait_ready
+    from rollout.net import free_port
     from training_configs.schema import EngineGroup, ReadinessBudgets
 
 
@@ -97,12 +99,6 @@ if __name__ == "__main__":
 pytestmark = pytest.mark.timeout(60)   # stand-in processes: every budget here is a few seconds
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spec(port, key="k"):
     g = EngineGroup(name="standin", engines=1, gpus_per_engine=1, tp=1)
     return EngineSpec("standin-0", g, 0, "127.0.0.1", port, key, "/nonexistent")
@@ -141,7 +137,7 @@ def test_dp_ranks_from_each_versions_server_info():
 
 @pytest.mark.parametrize("mode", ["ok", "ok-plain", "ok-0515"])  # 0.5.23 DP attention / plain DP, 0.5.15-16
 def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path, mode):
-    eng = _backend(tmp_path, mode).start(_spec(_free_port()))
+    eng = _backend(tmp_path, mode).start(_spec(free_port()))
     info = _run(eng)
     assert info.dp_size == 2 and list(info.phase_s) == [p.label for p in PHASES]
     assert info.rank_answers == {0: 0, 1: 1}  # each probe came back from the rank it was pinned to
@@ -150,14 +146,14 @@ def test_all_phases_pass_and_every_dp_rank_is_probed(tmp_path, mode):
 
 
 def test_a_probe_served_by_another_rank_fails_at_once(tmp_path):
-    eng = _backend(tmp_path, "one-rank").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "one-rank").start(_spec(free_port()))
     with pytest.raises(ReadinessError, match=r"phase 'one-token probe on every DP rank'.*"
                                              r"DP rank 1: the probe was served by DP rank 0"):
         _run(eng)
 
 
 def test_exit_during_startup_names_phase_and_log(tmp_path):
-    eng = _backend(tmp_path, "exit").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "exit").start(_spec(free_port()))
     t0 = time.monotonic()
     with pytest.raises(ReadinessError) as ei:
         _run(eng)
@@ -181,13 +177,13 @@ def test_versions_without_a_ready_route(version):
 
 
 def test_engine_without_a_ready_route_is_admitted_after_health_generate(tmp_path):
-    eng = _backend(tmp_path, "no-ready").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "no-ready").start(_spec(free_port()))
     info = _run(eng)   # without the 404 rule: "phase 'server status Up' failed ... HTTP 404 on /ready"
     assert info.dp_size >= 1
 
 
 def test_hang_in_a_phase_fails_within_its_budget(tmp_path):
-    eng = _backend(tmp_path, "hang").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "hang").start(_spec(free_port()))
     t0 = time.monotonic()
     with pytest.raises(ReadinessError) as ei:
         _run(eng)
@@ -198,7 +194,7 @@ def test_hang_in_a_phase_fails_within_its_budget(tmp_path):
 
 
 def test_wrong_api_key_is_named_at_once(tmp_path):
-    eng = _backend(tmp_path, "auth").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "auth").start(_spec(free_port()))
     t0 = time.monotonic()
     with pytest.raises(ReadinessError) as ei:
         _run(eng)
@@ -216,7 +212,7 @@ def test_port_already_taken(tmp_path):
 
 
 def test_death_mid_phase_is_seen_within_one_second(tmp_path):
-    eng = _backend(tmp_path, "silent").start(_spec(_free_port()))
+    eng = _backend(tmp_path, "silent").start(_spec(free_port()))
     budgets = ReadinessBudgets(process_s=2, http_s=60, server_up_s=2, health_generate_s=2, dp_probe_s=2)
 
     async def go():

@@ -13,10 +13,11 @@ import aiohttp
 import pytest
 
 from rollout import config as rconfig
-from rollout.engines.engine_launch import free_port
-from rollout.engines.lifecycle import LocalBackend
+from rollout.cli.engine import model_for
+from rollout.engines.local_backend import LocalBackend
 from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
+from rollout.net import auth_headers, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,9 +28,10 @@ def _spec():
     g = cfg.engine_groups[0]
     g.gpus_per_engine, g.tp, g.dp, g.ep, g.moe_dense_tp = 2, 2, 2, 1, None
     g.enable_dp_lm_head, g.speculative, g.routed_experts = False, None, False
+    g.extra_sglang_args["attention_backend"] = "intel_amx"   # the profile adds it with speculative decoding only
     for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
         setattr(cfg.rollout.budgets, k, 600.0)
-    spec = rconfig.engine_specs(cfg, rconfig.resolve_model(cfg, root=ROOT), ports=[free_port()])[0]
+    spec = rconfig.engine_specs(cfg, model_for(cfg, ROOT), ports=[free_port()])[0]
     return cfg, spec
 
 
@@ -42,7 +44,7 @@ def ready_engine(tmp_path_factory):
     async def go():
         async with aiohttp.ClientSession() as s:
             info = await wait_ready(eng, cfg.rollout.budgets, s)
-            async with s.get(eng.url + "/server_info", headers={"Authorization": f"Bearer {spec.api_key}"},
+            async with s.get(eng.url + "/server_info", headers=auth_headers(spec.api_key),
                              timeout=aiohttp.ClientTimeout(total=60)) as r:
                 return info, await r.json()
 
@@ -71,7 +73,7 @@ def test_idle_dp_controller_sleeps(ready_engine):
     eng, _ = ready_engine
     assert "--sleep-on-idle" in eng.procs[0].argv
     time.sleep(2)  # settle after the readiness probes
-    rows = cpu_percent([pid for p in eng.procs for pid in p.tree_pids()], 5.0)
+    rows = cpu_percent(eng.tree_pids(), 5.0)
     table = "; ".join(f"{title.split()[0]} {pct:.0f}%" for title, pct in sorted(rows.values()))
     ctl = [pct for title, pct in rows.values() if "data_parallel_controller" in title]
     assert len(ctl) == 1, f"no single DP controller among the engine's processes: {table}"

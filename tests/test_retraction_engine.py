@@ -23,9 +23,9 @@ import time
 
 import pytest
 import requests
-from conftest import decode_routed
+from conftest import decode_routed, preset
 
-from rollout.engines.engine_launch import EngineOptions
+from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
 from rollout.tiny_model import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
 
@@ -37,7 +37,7 @@ PROMPTS = [[10 + (i * 37 + j * 11) % 180 for j in range(12)] for i in range(2)]
 
 
 def _engine(engine_pool, tiny_model):
-    return engine_pool.get("retract", EngineOptions(model_path=tiny_model, routed_experts=True))
+    return engine_pool.get("retract", preset("a", tiny_model))
 
 
 def _stream(eng):
@@ -47,7 +47,7 @@ def _stream(eng):
     def one(i):
         body = {"input_ids": PROMPTS[i], "stream": True, "return_routed_experts": True, "return_logprob": True,
                 "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
-        with requests.post(eng.url + "/generate", headers=eng.headers(), json=body, stream=True, timeout=300) as r:
+        with requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body, stream=True, timeout=300) as r:
             if r.status_code != 200:
                 last[i] = {"error": r.text[:300]}
                 return
@@ -74,7 +74,7 @@ def _pause_after(eng, seen, budget_s=120):
 
 
 def _post(eng, path, body):
-    r = requests.post(eng.url + path, headers=eng.headers(), json=body, timeout=300)
+    r = requests.post(eng.url + path, headers=auth_headers(eng.api_key), json=body, timeout=300)
     assert r.status_code == 200, (path, r.text[:300])
 
 
@@ -82,7 +82,7 @@ def _miles_update(eng, model_path, version):
     """Miles's steps after `pause_generation(mode="retract")`: flush, update, name the version, continue.
     Returns /flush_cache's status (0.5.15.post1 and 0.5.16 refuse it while retracted requests wait: Miles
     retries 60 s and raises; the update then must not flush either, or their scheduler asserts)."""
-    flushed = requests.get(eng.url + "/flush_cache", headers=eng.headers(), timeout=60).status_code
+    flushed = requests.get(eng.url + "/flush_cache", headers=auth_headers(eng.api_key), timeout=60).status_code
     _post(eng, "/update_weights_from_disk", {"model_path": model_path, "flush_cache": flushed == 200})
     _post(eng, "/update_weight_version", {"new_version": version, "abort_all_requests": False})
     _post(eng, "/continue_generation", {})
@@ -183,16 +183,14 @@ if __name__ == "__main__":   # the child of the test above, in the variant's env
 
     import sglang
 
-    from rollout.engines.engine_launch import launch
+    from conftest import start_engine, stop_engine
 
-    eng = launch(EngineOptions(model_path=sys.argv[1], routed_experts=True),
-                 os.path.join(tempfile.mkdtemp(prefix="engine-retract-"), "engine.log"))
+    eng = start_engine(preset("a", sys.argv[1]), tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
     try:
-        eng.wait_ready(float(sys.argv[3]))
         threads, seen, last = _stream(eng)
         at_pause = _pause_after(eng, seen)
         flushed = _miles_update(eng, sys.argv[2], "seed1")
         print(json.dumps({"version": sglang.__version__, "at_pause": at_pause, "flush_status": flushed,
                           "out": _finish(threads, last)}))
     finally:
-        assert not eng.stop(), "engine processes left"
+        assert not stop_engine(eng)[1], "engine processes left"

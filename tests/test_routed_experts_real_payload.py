@@ -61,19 +61,20 @@ def test_real_continuation_without_start_len_is_rejected():
 
 
 def _capture():  # needs the real engine: a few minutes on 2 cores
+    import tempfile
+
     import requests
+    from conftest import preset, start_engine, stop_engine
 
     from rollout import tiny_model
-    from rollout.engines import engine_launch
+    from rollout.net import auth_headers
 
-    eng = engine_launch.launch(engine_launch.preset("a", tiny_model.build_tiny_glm()), "/tmp/re_capture.log")
+    eng = start_engine(preset("a", tiny_model.build_tiny_glm()), tempfile.mkdtemp(prefix="re-capture-"), 600)
     try:
-        eng.wait_ready(600)
-
         def gen(ids, n, start_len=0):
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0},
                     "return_routed_experts": True, "routed_experts_start_len": start_len}
-            r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=300)
+            r = requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body, timeout=300)
             r.raise_for_status()
             j = r.json()
             return {"input_ids": ids, "output_ids": j["output_ids"], "start_len": start_len,
@@ -90,7 +91,7 @@ def _capture():  # needs the real engine: a few minutes on 2 cores
                                                 "first_k_dense_replace")}
         print(json.dumps(out))
     finally:
-        eng.stop()
+        stop_engine(eng)
 
 
 if __name__ == "__main__" and "--capture" in sys.argv:

@@ -152,7 +152,7 @@ def test_engine_exit_during_startup_real_sglang(tmp_path):
 
 
 def _free_base_port():
-    from rollout.engines.engine_launch import free_port
+    from rollout.net import free_port
 
     return free_port()
 

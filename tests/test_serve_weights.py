@@ -6,9 +6,9 @@ import json
 import urllib.request
 
 import pytest
+from conftest import preset
 
 from rollout.cli.serve_weights import WeightGuard
-from rollout.engines.engine_launch import preset
 from rollout.manager import RolloutManager
 from rollout.slime.attach import Endpoint
 from training_configs.schema import HealthConfig, ReadinessBudgets

@@ -406,22 +406,23 @@ def test_nextn_topk2_through_substitute_equals_transformers(tmp_path):
     import requests
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.engines.engine_launch import EngineOptions, launch
+    from conftest import log_text, preset, start_engine, stop_engine
+
+    from rollout.net import auth_headers
     from rollout.tiny_model import build_tiny_glm
+    from training_configs.schema import SpeculativeConfig
 
     model = build_tiny_glm(variant="always-match")
-    spec = dict(algorithm="NEXTN", num_steps=2, eagle_topk=2, num_draft_tokens=4)
-    eng = launch(EngineOptions(model_path=model, speculative=spec, env={"SGL_KERNEL_CPU_TRACE": "1"}),
-                 str(tmp_path / "engine.log"))
+    nextn = SpeculativeConfig(algorithm="NEXTN", num_steps=2, eagle_topk=2, num_draft_tokens=4)
+    eng = start_engine(preset("b", model, speculative=nextn, env={"SGL_KERNEL_CPU_TRACE": "1"}), str(tmp_path))
     try:
-        eng.wait_ready(400)
-        r = requests.post(eng.url + "/generate", headers=eng.headers(), timeout=300, json={
+        r = requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), timeout=300, json={
             "text": "the quick brown fox", "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
         r.raise_for_status()
         got = r.json()
     finally:
-        assert eng.stop() == []
-    log = eng.log_text()
+        assert stop_engine(eng)[1] == []
+    log = log_text(eng)
     for op in ("extend_attention_cpu", "decode_attention_cpu", "build_tree_kernel_efficient_cpu",
                "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu", "build_draft_decode_metadata_cpu"):
         assert f"first call of {op}" in log, op

@@ -10,10 +10,9 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from conftest import hf_router_topk
+from conftest import hf_router_topk, preset
 from test_slime_adapter import StandInRouter
 
-from rollout.engines.engine_launch import preset
 from rollout.slime import RolloutFnTrainOutput, Sample
 from rollout.slime import adapter as slime_adapter
 from rollout.tiny_model import NUM_LAYERS, TOP_K
@@ -40,7 +39,7 @@ def test_generate_rollout_on_a_real_engine(engine_pool, tiny_model, monkeypatch)
     eng = engine_pool.get("a", preset("a", tiny_model))
     monkeypatch.setenv("SLIME_MOE_ROLLOUT_CONFIG", os.path.join(ROOT, "training_configs", "tiny-cpu.yaml"))
     slime_adapter.reset()
-    router = StandInRouter([(f"http://{eng.opts.host}:{eng.opts.port}", "regular")]).start()
+    router = StandInRouter([(eng.url, "regular")]).start()
     args = SimpleNamespace(
         sglang_router_ip="127.0.0.1", sglang_router_port=router.port, sglang_api_key=eng.api_key,
         hf_checkpoint=tiny_model, n_samples_per_prompt=2, rollout_batch_size=2, sglang_server_concurrency=4,

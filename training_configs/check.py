@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rollout.net import PORTS_PER_ENGINE, engine_port
 from training_configs.derive import Derived, our_derive, sglang_derive
 from training_configs.render import server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
@@ -91,8 +92,9 @@ def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
 def static_checks(cfg: TrainingConfig) -> None:
     """Checks that need no SGLang import."""
     total = sum(g.engines for g in cfg.engine_groups)
-    if cfg.rollout.base_port + 10 * total > 65535:
-        raise ConfigError(f"rollout.base_port: {cfg.rollout.base_port} + 10 x {total} engines exceeds port 65535")
+    if engine_port(cfg.rollout.base_port, total) > 65535:
+        raise ConfigError(f"rollout.base_port: {cfg.rollout.base_port} + {PORTS_PER_ENGINE} x {total} engines "
+                          "exceeds port 65535")
     for i, g in enumerate(cfg.engine_groups):
         _group_checks(cfg, g, i)
     r = cfg.rollout

@@ -1,18 +1,22 @@
 """Render a training config into the flags slime or SGLang expect.
 
-- `server_fields(cfg, group)`: the ServerArgs fields (name -> value) an engine of `group` runs with.
+- `server_fields(cfg, group)`: the ServerArgs fields (name -> value) an engine of `group` runs with
+  (`rollout.engines.command.server_fields`, the one mapping, which also launches the engines).
 - `sglang_args(...)`: those fields as `sglang serve` / `python -m sglang.launch_server` flags.
 - `slime_args(cfg, mode)`: slime's `train.py` flags (`--sglang-*`, `--rollout-num-gpus-per-engine`,
   `--use-rollout-routing-replay`, Megatron parallelism, our rollout function or external engines).
 - `external_addrs(cfg)`: `host:port` of every managed engine (slime's `--rollout-external-engine-addrs`).
 
-Flag spelling follows SGLang's convention (`--field-name`, booleans are bare `store_true` flags);
-tests parse every rendered flag with SGLang's own `ServerArgs.add_cli_args` parser.
+Flag spelling follows SGLang's convention (`--field-name`, booleans are bare `store_true` flags,
+`command.fields_to_flags`); tests parse every rendered flag with SGLang's own `ServerArgs.add_cli_args` parser.
 """
 from __future__ import annotations
 
 import shlex
 
+from rollout.engines import command
+from rollout.engines.command import fields_to_flags, scalar
+from rollout.net import engine_port
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
 from training_configs.slime_check import slime_num_gpus_per_node
 
@@ -20,85 +24,17 @@ ADAPTER_ROLLOUT_FN = "rollout.slime.generate_rollout"
 REPLAY_PADDING_INIT = "rollout.routed_experts.slime_replay_padding.install"  # slime#2308
 ADAPTER_GENERATE_FN = "rollout.slime.generate"
 
-# ServerArgs fields slime sets itself and does not register as --sglang-* (slime-contract §1).
+# ServerArgs fields slime sets itself and does not register as --sglang-* flags.
 SLIME_UNREGISTERED = frozenset({
     "model_path", "config", "trust_remote_code", "random_seed", "enable_memory_saver", "tp_size",
     "port", "nnodes", "node_rank", "dist_init_addr", "gpu_id_step", "base_gpu_id", "nccl_port",
     "skip_server_warmup", "enable_return_routed_experts",
 })
-# Fields the rollout manager owns per engine (not part of a group's flags).
-MANAGER_OWNED = frozenset({"host", "port", "api_key"})
 
 
 def server_fields(cfg: TrainingConfig, group: EngineGroup, model_path: str | None = None) -> dict:
-    """ServerArgs field values for one engine of `group` (insertion order = flag order)."""
-    g = group
-    f: dict = {"model_path": model_path or cfg.model.path}
-    if cfg.model.tokenizer_path:
-        f["tokenizer_path"] = cfg.model.tokenizer_path
-    f["trust_remote_code"] = True
-    f["tp_size"] = g.tp
-    if g.pp > 1:
-        f["pp_size"] = g.pp
-    if g.dp > 1:
-        f["dp_size"] = g.dp
-    if g.ep > 1:
-        f["ep_size"] = g.ep
-    if g.moe_dense_tp is not None:
-        f["moe_dense_tp_size"] = g.moe_dense_tp
-    if g.enable_dp_attention:
-        f["enable_dp_attention"] = True
-    if g.enable_dp_lm_head:
-        f["enable_dp_lm_head"] = True
-    if g.moe_a2a_backend != "none":
-        f["moe_a2a_backend"] = g.moe_a2a_backend
-    s = g.speculative
-    if s is not None:
-        f["speculative_algorithm"] = s.algorithm
-        if s.draft_model_path:
-            f["speculative_draft_model_path"] = s.draft_model_path
-        f["speculative_num_steps"] = s.num_steps
-        f["speculative_eagle_topk"] = s.eagle_topk
-        f["speculative_num_draft_tokens"] = s.num_draft_tokens
-    if g.routed_experts:
-        f["enable_return_routed_experts"] = True
-    for name in ("chunked_prefill_size", "max_running_requests", "cuda_graph_max_bs", "mem_fraction_static"):
-        value = getattr(g, name)
-        if value is not None:
-            f[name] = value
-    for name, value in g.extra_sglang_args.items():
-        if name in f:
-            raise ConfigError(f"engine group {g.name!r}: extra_sglang_args.{name} duplicates a typed field; "
-                              f"set it in the group instead")
-        f[name] = value
-    return f
-
-
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def fields_to_flags(fields: dict, prefix: str = "") -> list[str]:
-    """`{tp_size: 32, enable_dp_attention: True}` -> `["--tp-size", "32", "--enable-dp-attention"]`."""
-    out: list[str] = []
-    for name, value in fields.items():
-        flag = "--" + prefix + name.replace("_", "-")
-        if value is None or value is False:
-            continue  # store_true flags default to False; None means SGLang's default
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list):
-            out.append(flag)
-            out.extend(_scalar(v) for v in value)
-        else:
-            out.extend([flag, _scalar(value)])
-    return out
-
-
-def _scalar(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
+    """ServerArgs field values for one engine of `group` (the command builder's mapping)."""
+    return command.server_fields(group, model_path or cfg.model.path, cfg.model.tokenizer_path)
 
 
 def sglang_args(cfg: TrainingConfig, group: EngineGroup, model_path: str | None = None) -> list[str]:
@@ -106,13 +42,9 @@ def sglang_args(cfg: TrainingConfig, group: EngineGroup, model_path: str | None 
 
 
 def external_addrs(cfg: TrainingConfig) -> list[str]:
-    """`host:port` per engine, in the order the rollout manager assigns ports (base_port + 10*i)."""
-    out, i = [], 0
-    for g in cfg.engine_groups:
-        for _ in range(g.engines):
-            out.append(f"{cfg.rollout.host}:{cfg.rollout.base_port + 10 * i}")
-            i += 1
-    return out
+    """`host:port` per engine, on the ports the rollout manager assigns (`rollout.net.engine_port`)."""
+    total = sum(g.engines for g in cfg.engine_groups)
+    return [f"{cfg.rollout.host}:{engine_port(cfg.rollout.base_port, i)}" for i in range(total)]
 
 
 def _kv(name: str, value) -> list[str]:
@@ -140,7 +72,7 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
     r = cfg.rollout
     out += ["--rollout-batch-size", str(r.batch_size), "--n-samples-per-prompt", str(r.n_samples_per_prompt),
             "--rollout-max-response-len", str(r.sampling.max_new_tokens),
-            "--rollout-temperature", _scalar(r.sampling.temperature), "--rollout-top-p", _scalar(r.sampling.top_p)]
+            "--rollout-temperature", scalar(r.sampling.temperature), "--rollout-top-p", scalar(r.sampling.top_p)]
     if r.sampling.top_k != -1:
         out += ["--rollout-top-k", str(r.sampling.top_k)]
     mg = cfg.megatron

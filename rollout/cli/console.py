@@ -29,13 +29,11 @@ def say(console, text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def start_failure(console, err: BaseException, log_tail=None) -> int:
+def start_failure(console, err: BaseException, log_tail: list[str] | None = None) -> int:
     """An engine that could not start: its log tail, then one `error:` line; returns the exit status 1.
-    `log_tail`: lines (default: the error's own `.log_tail`, as ReadinessError/EngineStartError carry)."""
+    `log_tail`: lines (default: the error's own `.log_tail`, as a ReadinessError carries)."""
     lines = log_tail if log_tail is not None else getattr(err, "log_tail", None) or []
-    if isinstance(lines, str):
-        lines = lines.splitlines()
-    for line in list(lines)[-LOG_TAIL_LINES:]:
+    for line in lines[-LOG_TAIL_LINES:]:
         say(console, f"  | {line}")
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
     print(f"error: {first}", file=sys.stderr, flush=True)

@@ -1,10 +1,26 @@
-"""`slime-moe-rollout engine ...`: build the tiny model, launch real SGLang on CPU and report on it."""
+"""`slime-moe-rollout engine ...`: build the tiny model, launch one real SGLang engine and report on it,
+print a config's per-node commands.
+
+`engine launch --config a|b|c|CONFIG.yaml` starts the first engine of a config (the presets are
+`rollout.config.PRESETS`) through the same backend and phased readiness as `run` and `serve`.
+"""
+from __future__ import annotations
+
 import os
+import re
 import time
+from typing import Optional
+
+PLUGIN_LINE = "slime-moe-rollout plugin: active fixes:"  # logged by sglang_patches.plugin in every engine
+_TIMINGS = re.compile(
+    r"Engine startup timings \(s\): load_weight=([\d.]+), kv_cache_allocation=([\d.]+), "
+    r"scheduler_e2e=([\d.]+), cuda_graph=\{([^}]*)\}, tokenizer_e2e=([\d.]+)"
+)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def add_parser(sub) -> None:
-    from rollout.engines.engine_launch import PRESETS
+    from rollout.config import PRESETS
     from rollout.tiny_model import VARIANTS
 
     p = sub.add_parser("engine", help="real SGLang on CPU: tiny model, launch, start-up report")
@@ -16,14 +32,14 @@ def add_parser(sub) -> None:
     b.add_argument("--path", default=None, help="output folder (default: <repo>/.cache/tiny-glm45[-match])")
     b.set_defaults(func=_build)
 
-    la = esub.add_parser("launch", help="start an engine configuration, print start-up phases and memory, stop it")
-    la.add_argument("--config", choices=sorted(PRESETS), required=True,
-                    help="; ".join(f"{k}: {v}" for k, v in sorted(PRESETS.items())))
-    la.add_argument("--model-path", default=None, help="checkpoint folder (default: the tiny model, built if needed)")
+    la = esub.add_parser("launch", help="start a config's first engine, print its start-up phases and memory, stop it")
+    la.add_argument("--config", required=True,
+                    help="a training config YAML, or a preset: " + "; ".join(f"{k}: {v[1]}" for k, v in PRESETS.items()))
+    la.add_argument("--model-path", default=None, help="checkpoint folder (default: the config's model, built if needed)")
     la.add_argument("--variant", choices=VARIANTS, default=None,
-                    help="tiny-model variant (default: always-match with NEXTN, else random)")
-    la.add_argument("--log", default=None, help="server log file (default: .cache/logs/engine-<config>.log)")
-    la.add_argument("--budget", type=float, default=600.0, help="seconds to wait for readiness")
+                    help="tiny-model variant (default: always-match with speculative decoding, else random)")
+    la.add_argument("--log-dir", default=None, help="server log folder (default: .cache/logs)")
+    la.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
     la.add_argument("--prompt", default="the quick brown fox", help="one greedy request after start-up ('' to skip)")
     la.add_argument("--max-new-tokens", type=int, default=8)
     la.add_argument("--no-plugin", action="store_true", help="run stock SGLang (SGLANG_PLUGINS=none)")
@@ -38,6 +54,17 @@ def add_parser(sub) -> None:
                          "rollout.host on cpu)")
     pl.add_argument("--model-path", default=None, help="checkpoint path to put in the commands (default: model.path)")
     pl.set_defaults(func=_plan)
+
+
+def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
+    """The config's model path, the tiny model built first when `model.build` asks for it. `variant`
+    picks a tiny-model variant other than the config's (random) one, in its own default folder."""
+    from rollout.config import resolve_model
+    from rollout.tiny_model import build_tiny_glm, default_path
+
+    if variant not in (None, "random") and cfg.model.build:
+        return build_tiny_glm(default_path(variant), variant=variant, seed=cfg.model.seed)
+    return resolve_model(cfg, root, build=lambda path, seed: build_tiny_glm(path, seed=seed))
 
 
 def _build(args) -> int:
@@ -69,81 +96,123 @@ def _plan(args) -> int:
 
 
 def _launch(args) -> int:
+    from rollout import config as rconfig
     from rollout.cli import CliError
-    from rollout.engines.engine_launch import launch, preset
-    from rollout.tiny_model import build_tiny_glm, default_path
+    from rollout.cli.console import progress_bar, start_failure, stderr_console
+    from rollout.engines.base import EngineStartError
+    from rollout.engines.local_backend import LocalBackend
+    from rollout.engines.process import alive_pids
+    from rollout.engines.readiness import ReadinessError, RichView, start_ready
+    from rollout.net import free_port
 
-    if args.budget <= 0 or args.max_new_tokens < 1:
-        raise CliError("--budget and --max-new-tokens must be positive")
-    model = args.model_path
-    if model is None:
-        variant = args.variant or ("always-match" if args.config in ("b", "c") else "random")
-        model = build_tiny_glm(default_path(variant), variant=variant)
-    elif not os.path.isfile(os.path.join(model, "config.json")):
-        raise CliError(f"--model-path {model}: no config.json there")
-    env = {}
-    if args.no_plugin:
-        env["SGLANG_PLUGINS"] = "none"
-    if args.disable:
-        env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    log = args.log or os.path.join(root, ".cache", "logs", f"engine-{args.config}.log")
-    eng = launch(preset(args.config, model, env=env), log)
-    print(f"engine {args.config}: pid {eng.pid}, {eng.url}, log {log}")
+    if args.max_new_tokens < 1:
+        raise CliError("--max-new-tokens must be positive")
+    if args.port is not None and not 1024 <= args.port <= 65000:
+        raise CliError(f"--port: must be in [1024, 65000], got {args.port}")
     try:
-        ready = _wait(eng, args.budget)
-        print_report(eng, ready)
+        cfg = rconfig.load(args.config)
+    except rconfig.ConfigError as e:
+        raise CliError(" ".join(str(e).split())) from None
+    group = cfg.engine_groups[0]
+    if args.model_path is not None:
+        if not os.path.isfile(os.path.join(args.model_path, "config.json")):
+            raise CliError(f"--model-path {args.model_path}: no config.json there")
+        model = os.path.abspath(args.model_path)
+    else:
+        variant = args.variant or ("always-match" if group.speculative else "random")
+        try:
+            model = model_for(cfg, ROOT, variant)
+        except rconfig.ConfigError as e:
+            raise CliError(str(e)) from None
+    if args.no_plugin:
+        group.env["SGLANG_PLUGINS"] = "none"
+    if args.disable:
+        group.env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
+    spec = rconfig.engine_specs(cfg, model, ports=[args.port or free_port(cfg.rollout.host)])[0]
+    backend = LocalBackend(args.log_dir or os.path.join(ROOT, ".cache", "logs"))
+    log = backend.log_path(spec)
+    if os.path.exists(log):
+        os.unlink(log)  # a fresh log: the report reads the first plugin line
+    console = stderr_console()
+    print(f"engine {spec.name} ({cfg.name}): {spec.url}, log {log}", flush=True)
+    try:
+        with progress_bar(console) as progress:
+            engine, ready = start_ready(backend, spec, cfg.rollout.budgets, RichView(progress))
+    except (ReadinessError, EngineStartError) as e:  # the engine did not start: its log tail, one line, exit 1
+        return start_failure(console, e)
+    tree = engine.tree_pids()
+    try:
+        print_report(engine, ready)
         if args.prompt:
-            _sample(eng, args.prompt, args.max_new_tokens)
+            _sample(engine, args.prompt, args.max_new_tokens)
         if args.serve:
-            print(f"serving at {eng.url} (API key in the 0600 file {eng.proc.secret_path}); Ctrl-C stops it")
-            while eng.alive():
+            where = f" (API key in the 0600 file {engine.procs[0].secret_path})" if spec.api_key else ""
+            print(f"serving at {engine.url}{where}; Ctrl-C stops it", flush=True)
+            while engine.alive():
                 time.sleep(1)
-    except (RuntimeError, TimeoutError) as e:  # the engine did not start: its log tail, one line, exit 1
-        from rollout.cli.console import start_failure, stderr_console
-        return start_failure(stderr_console(), e, log_tail=eng.log_tail())
     finally:
-        left = eng.stop()
-        print(f"stopped; processes left: {left or 'none'}")
+        engine.stop()
+        print(f"stopped; processes left: {alive_pids(tree) or 'none'}")
     return 0
 
 
-def _wait(eng, budget: float) -> float:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+def log_text(engine) -> str:
+    """The whole server log of an engine's node 0."""
+    try:
+        with open(engine.log_path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
-    with Progress(TextColumn("waiting for the engine"), BarColumn(), TimeElapsedColumn(),
-                  TextColumn(f"budget {budget:.0f} s")) as prog:
-        task = prog.add_task("start", total=budget)
-        return eng.wait_ready(budget, on_tick=lambda t: prog.update(task, completed=min(t, budget)))
+
+def parse_active_fixes(text: str) -> Optional[list]:
+    """Fix names from the plugin's log line (the first one seen), or None if it was never logged."""
+    for line in text.splitlines():
+        if PLUGIN_LINE in line:
+            rest = line.split(PLUGIN_LINE, 1)[1].strip()
+            return [] if rest == "none" else [x.strip() for x in rest.split(",") if x.strip()]
+    return None
 
 
-def print_report(eng, ready_s: float) -> None:
-    fixes = eng.active_fixes()
+def parse_startup_timings(text: str) -> Optional[dict]:
+    """SGLang's own start-up phases (its 'Engine startup timings' line), or None."""
+    m = _TIMINGS.search(text)
+    if not m:
+        return None
+    return {"load_weight": float(m.group(1)), "kv_cache_allocation": float(m.group(2)),
+            "scheduler_e2e": float(m.group(3)), "tokenizer_e2e": float(m.group(5))}
+
+
+def print_report(engine, ready) -> None:
+    from rollout.engines.process import rss
+
+    text = log_text(engine)
+    fixes = parse_active_fixes(text)
     print(f"plugin: {'not loaded' if fixes is None else 'active fixes: ' + (', '.join(fixes) or 'none')}")
-    print(f"ready (first /health 200) after {ready_s:.1f} s")
-    timings = eng.startup_timings()
+    print(f"admitted after {ready.total_s:.1f} s: " + ", ".join(f"{k} {v:.1f} s" for k, v in ready.phase_s.items()))
+    timings = parse_startup_timings(text)
     if timings:
-        print("start-up phases (s): " + ", ".join(f"{k}={v:.2f}" for k, v in timings.items()))
+        print("SGLang start-up phases (s): " + ", ".join(f"{k}={v:.2f}" for k, v in timings.items()))
     else:
-        print("start-up phases: no 'Engine startup timings' line in the log")
-    mem = eng.memory()
-    total = sum(rss for _, rss in mem.values())
+        print("SGLang start-up phases: no 'Engine startup timings' line in the log")
+    mem = rss(engine.tree_pids())
+    total = sum(b for _, b in mem.values())
     print(f"memory: {total / 2**30:.2f} GiB RSS over {len(mem)} processes")
-    for pid, (name, rss) in sorted(mem.items()):
-        print(f"  {pid:>8}  {name:<24} {rss / 2**30:.2f} GiB")
+    for pid, (name, b) in sorted(mem.items()):
+        print(f"  {pid:>8}  {name:<24} {b / 2**30:.2f} GiB")
 
 
-def _sample(eng, prompt: str, n: int) -> None:
+def _sample(engine, prompt: str, n: int) -> None:
     import requests
+
+    from rollout.net import auth_headers
 
     t0 = time.time()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0},
-            "return_routed_experts": bool(eng.opts.routed_experts)}
-    r = requests.post(eng.url + "/generate", headers=eng.headers(), json=body, timeout=600)
+            "return_routed_experts": engine.spec.group.routed_experts}
+    r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
     r.raise_for_status()
     out = r.json()
     meta = out.get("meta_info", {})
-    extra = ""
-    if "spec_accept_length" in meta:
-        extra = f", accept length {meta['spec_accept_length']:.2f}"
+    extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")

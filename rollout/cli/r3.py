@@ -112,7 +112,7 @@ def _samples(args, cfg, model_path, hf_cfg, prompts_for) -> tuple:
     n = args.prompts or (cfg.rollout.batch_size if cfg else 8)
     prompts = prompts_for(int(hf_cfg["vocab_size"]), n, args.seed)
     if cfg is not None:
-        from rollout.engines.lifecycle import LocalBackend
+        from rollout.engines.local_backend import LocalBackend
         if args.max_new_tokens:
             cfg.rollout.sampling.max_new_tokens = args.max_new_tokens
         log_dir = os.path.abspath(args.log_dir or "r3-check.logs")

@@ -81,7 +81,7 @@ def _vocab(cfg, model_path: str) -> int:
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
     from rollout import group_log
-    from rollout.config import resolve_model
+    from rollout.cli.engine import model_for
     from rollout.errors import CliError
     from training_configs.schema import ConfigError, load_config
 
@@ -95,7 +95,7 @@ def main(args) -> int:
     meta = _resumed_run(args) if args.resume else None
     try:
         cfg = load_config(args.config)
-        model_path = resolve_model(cfg)
+        model_path = model_for(cfg)
     except ConfigError as e:
         raise CliError(str(e)) from None
     if args.base_port is not None:
@@ -147,7 +147,7 @@ def _backend(kind: str, log_dir: str, cfg=None):
         # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
         init = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, os.cpu_count() or 2)}
         return RayBackend(log_dir, cpus_per_engine=1, init_kwargs=init)
-    from rollout.engines.lifecycle import LocalBackend
+    from rollout.engines.local_backend import LocalBackend
     return LocalBackend(log_dir)
 
 
@@ -155,7 +155,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args) -> int:
     """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
     from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.cli.run_report import Tally, verdict
-    from rollout.engines.lifecycle import EngineStartError
+    from rollout.engines.base import EngineStartError
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.errors import EnginesLost
     from rollout.manager import RolloutManager, group_record

@@ -26,6 +26,8 @@ from rollout.types import EngineEvent
 
 
 def add_parser(sub) -> None:
+    from rollout.net import PORTS_PER_ENGINE
+
     p = sub.add_parser("serve", help="start the engines and keep them up for slime to attach (managed mode)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="training config YAML (e.g. training_configs/tiny-cpu.yaml)")
@@ -33,13 +35,14 @@ def add_parser(sub) -> None:
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default="serve.logs", help="engine logs (default: ./serve.logs)")
     p.add_argument("--base-port", type=int, default=None,
-                   help="override rollout.base_port (engine i listens on base_port + 10*i)")
+                   help=f"override rollout.base_port (engine i listens on base_port + {PORTS_PER_ENGINE} i)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     from rollout import config as rconfig
     from rollout.cli import CliError
+    from rollout.cli.engine import model_for
 
     try:
         cfg = rconfig.load(args.config)
@@ -59,42 +62,24 @@ def main(args) -> int:
         except rconfig.ConfigError as e:
             raise CliError(str(e)) from None
     try:
-        model_path = rconfig.resolve_model(cfg)
+        model_path = model_for(cfg)
     except rconfig.ConfigError as e:
         raise CliError(" ".join(str(e).split())) from None
     return asyncio.run(_serve(cfg, model_path, args))
 
 
-class _LineView:
-    """Readiness of restarted engines, one stderr line per phase (the start-up uses a progress bar)."""
-
-    def __init__(self, console):
-        self.console = console
-
-    def phase(self, engine, index, label, budget):
-        _say(self.console, f"{engine}: {label} (budget {budget:g} s)")
-
-    def admitted(self, engine, seconds):
-        _say(self.console, f"{engine}: admitted after {seconds:.1f} s")
-
-    def failed(self, engine, message):
-        _say(self.console, f"{engine}: FAILED: {message}")
-
-
 def _write_key(log_dir: str, key: str) -> str:
+    from rollout.net import write_private
+
     os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(os.path.abspath(log_dir), "api_key")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
-    return path
+    return write_private(os.path.join(os.path.abspath(log_dir), "api_key"), key + "\n")
 
 
 async def _serve(cfg, model_path: str, args) -> int:
     from rollout.cli.console import progress_bar, start_failure, stderr_console
-    from rollout.engines.lifecycle import EngineStartError
+    from rollout.engines.base import EngineStartError
+    from rollout.engines.readiness import LineView, ReadinessError, RichView
     from rollout.manager import RolloutManager
-    from rollout.engines.readiness import ReadinessError, RichView
     from rollout.cli.run import _backend
     from rollout.cli.serve_weights import WeightGuard
     from training_configs.render import server_fields
@@ -133,7 +118,7 @@ async def _serve(cfg, model_path: str, args) -> int:
             if not isinstance(err, (ReadinessError, EngineStartError)):
                 raise err
             return start_failure(console, err)
-    mgr.view = _LineView(console)
+    mgr.view = LineView(lambda text: _say(console, text))  # restarted engines: a line per phase
     addrs = served_addrs(mgr)
     print(addrs, flush=True)
     if cfg.rollout.engine_auth == "none":

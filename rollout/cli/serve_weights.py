@@ -16,7 +16,7 @@ from collections import Counter
 
 import aiohttp
 
-from rollout.engines.readiness import auth_headers
+from rollout.net import auth_headers
 
 
 class WeightGuard:

@@ -1,1 +1,9 @@
-"""Engines: build commands, start, watch and stop SGLang servers (local processes or Ray actors)."""
+"""Engines: build commands, start, admit, watch and stop SGLang servers.
+
+- `base`: the `Engine` protocol every backend's engines answer, and `EngineStartError`.
+- `command`: the one command builder (engine group -> ServerArgs fields -> per-node argv/env).
+- `process`: the one spawner and tree-killer of server processes, log tails.
+- `local_backend`, `ray_backend`: the two backends (child processes here; Ray actors in placement groups).
+- `readiness`: phased readiness, the start-up progress views, `start_ready` for one engine.
+- `health`: the health monitor of admitted engines (busy is not dead).
+"""

@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Optional
 
 import aiohttp
 
-from rollout.engines.readiness import auth_headers
+from rollout.net import auth_headers
 
 Probe = Callable[[object], Awaitable[Optional[str]]]  # raises = failed; returns a detail or None = ok
 OnDead = Callable[[object, str], Awaitable[None]]

@@ -10,6 +10,7 @@ threads come and go); SGLang's own children follow their launcher the same way. 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -19,6 +20,8 @@ import threading
 import time
 from concurrent.futures import Future
 from typing import Optional
+
+from rollout.net import PORTS_PER_ENGINE, write_private
 
 OWNER_ENV = "SLIME_MOE_ROLLOUT_OWNER"  # "<manager pid>:<port>" on every engine process we start
 
@@ -88,11 +91,7 @@ _SPAWNER = _Spawner()
 
 def write_secret_config(path: str, api_key: str) -> str:
     """A 0600 YAML file SGLang's --config merges into its arguments (keeps the key off argv)."""
-    import json
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"api-key: {json.dumps(api_key)}\n")  # a JSON string is a valid YAML scalar
-    return path
+    return write_private(path, f"api-key: {json.dumps(api_key)}\n")  # a JSON string is a valid YAML scalar
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -118,6 +117,11 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def alive_pids(pids) -> list[int]:
+    """Those of `pids` still running (zombies count as gone)."""
+    return [p for p in pids if _alive(p)]
 
 
 def kill_group(pgid: int, grace_s: float = 10.0) -> None:
@@ -229,6 +233,35 @@ def cpu_percent(pids, window: float) -> dict:
     return out
 
 
+def rss(pids) -> dict:
+    """{pid: (name, resident bytes)} of each process still running."""
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out[pid] = (_title(p), p.memory_info().rss)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _title(p) -> str:
+    """sglang::scheduler_TP0 etc. as SGLang names them; launch_server / resource_tracker by command line."""
+    name = p.name()
+    if name.startswith("sglang::"):
+        return name
+    try:
+        joined = " ".join(p.cmdline())
+    except Exception:
+        joined = ""
+    for part in ("launch_server", "resource_tracker"):
+        if part in joined:
+            return part
+    return name
+
+
 def stale_engines(port: int) -> list[tuple[int, str]]:
     """(pid, reason) of processes listening on `port` that an earlier manager (now dead) started."""
     import psutil
@@ -248,7 +281,7 @@ def stale_engines(port: int) -> list[tuple[int, str]]:
     return out
 
 
-def clear_stale(host: str, port: int, ports: int = 10) -> list[str]:
+def clear_stale(host: str, port: int, ports: int = PORTS_PER_ENGINE) -> list[str]:
     """Kill engines an earlier (dead) manager left on port..port+ports-1; returns one line per kill.
     Raises RuntimeError naming the holder when a port is taken by anything else."""
     import psutil

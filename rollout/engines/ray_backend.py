@@ -1,4 +1,4 @@
-"""Ray backend: one placement group per engine, one actor per node of the engine.
+"""The Ray backend: one placement group per engine, one actor per node of the engine.
 
 Bundles are `gpus_per_engine` x {"GPU": 1, "CPU": 1} (a CPU engine of one node: {"CPU": n}), placed
 with PACK and grouped by the node Ray put them on; each node of the engine gets one `NodeActor` on its
@@ -21,7 +21,7 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rollout.engines.command import spec_commands
-from rollout.engines.lifecycle import EngineStartError, describe_exit, log_name, node_commands
+from rollout.engines.base import EngineStartError, describe_exit, log_name, node_commands
 from rollout.engines.process import group_pids, read_tail
 
 

@@ -20,6 +20,8 @@ from typing import Optional
 
 import aiohttp
 
+from rollout.net import auth_headers
+
 POLL_S = 0.2
 
 
@@ -61,6 +63,10 @@ class ReadyInfo:
     phase_s: dict = field(default_factory=dict)  # label -> seconds spent
     rank_answers: dict = field(default_factory=dict)  # probed rank -> `meta_info.dp_rank` of its answer
 
+    @property
+    def total_s(self) -> float:
+        return sum(self.phase_s.values())
+
 
 def dp_ranks(server_info: dict) -> int:
     """How many `routed_dp_rank` targets an engine has, from its `/server_info`.
@@ -74,12 +80,8 @@ def dp_ranks(server_info: dict) -> int:
     return dp * int(server_info.get("attn_dp_size") or 1)
 
 
-def auth_headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 class NullView:
-    """Progress sink that shows nothing (tests, benchmarks)."""
+    """Progress view that shows nothing. A view gets every engine's phases as they start, and the end."""
 
     def phase(self, engine: str, index: int, label: str, budget: float) -> None: ...
     def admitted(self, engine: str, seconds: float) -> None: ...
@@ -108,6 +110,38 @@ class RichView:
 
     def failed(self, engine, message):
         self.progress.update(self._task(engine), description=f"{engine}: FAILED")
+
+
+class LineView:
+    """One line per phase through `say(text)` (restarted engines, logs, tests)."""
+
+    def __init__(self, say):
+        self.say = say
+
+    def phase(self, engine, index, label, budget):
+        self.say(f"{engine}: {label} (budget {budget:g} s)")
+
+    def admitted(self, engine, seconds):
+        self.say(f"{engine}: admitted after {seconds:.1f} s")
+
+    def failed(self, engine, message):
+        self.say(f"{engine}: FAILED: {message}")
+
+
+def start_ready(backend, spec, budgets, view=None) -> tuple:
+    """Start one engine with `backend` and wait until every phase passed (blocking: tools, tests,
+    benchmarks). Returns (engine, ReadyInfo); on any failure the engine is stopped and the error raised."""
+    engine = backend.start(spec)
+
+    async def wait():
+        async with aiohttp.ClientSession() as session:
+            return await wait_ready(engine, budgets, session, view)
+
+    try:
+        return engine, asyncio.run(wait())
+    except BaseException:
+        engine.stop()
+        raise
 
 
 async def _guard(engine, coro, deadline: float):

@@ -146,7 +146,7 @@ async def _rollout(mgr, prompts, attach=None) -> list:
 
 def rollout_from_config(cfg, model_path: str, prompts: list, backend, view=None) -> tuple:
     """Start the config's engines (through the manager), roll `prompts` out, stop them."""
-    from rollout.engines.engine_launch import free_port
+    from rollout.net import free_port
     from rollout.manager import RolloutManager
 
     if not any(g.routed_experts for g in cfg.engine_groups):

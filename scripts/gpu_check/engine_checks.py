@@ -22,6 +22,8 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(HERE)]
 import judges  # noqa: E402
 import plan  # noqa: E402
+from rollout.cli.engine import log_text, parse_active_fixes  # noqa: E402
+from rollout.net import auth_headers  # noqa: E402
 
 RESULTS = []
 MAX_NEW = 24
@@ -36,8 +38,8 @@ def report(v: "judges.Verdict") -> None:
 
 def free_ports(n: int) -> list:
     """n engine ports 10 apart with their +1 (NCCL) and +2.. (dist-init) neighbours free."""
-    from rollout.engines.engine_launch import free_port
     from rollout.engines.process import port_in_use
+    from rollout.net import free_port
 
     out = []
     while len(out) < n:
@@ -48,20 +50,26 @@ def free_ports(n: int) -> list:
 
 
 def start(specs, model, out_dir):
-    from rollout.engines.engine_launch import EngineOptions, EngineProcess
-    from rollout.engines.process import ServerProcess
+    """Every planned engine through the product's local backend, with the plan's CUDA command; the
+    engine group (routed experts on) is preset (a)'s. Logs: OUT_DIR/engine-NAME.log."""
+    from rollout import config as rconfig
+    from rollout.engines.local_backend import LocalBackend
 
-    engines = {}
+    group = rconfig.load("a").engine_groups[0]
+    backend = LocalBackend(out_dir, command=lambda es: [commands[es.name]])
+    engines, commands = {}, {}
     for spec, port in zip(specs, free_ports(len(specs))):
         key = secrets.token_hex(16)
-        c = plan.engine_command(spec, model, port, key)
-        log = str(Path(out_dir) / f"engine-{spec.name}.log")
-        opts = EngineOptions(model_path=model, port=port, api_key=key, routed_experts=True)
-        engines[spec.name] = EngineProcess(proc=ServerProcess(c.argv, c.env, log, api_key=c.api_key, owner_port=port),
-                                           opts=opts, log_path=log)
+        es = rconfig.EngineSpec(f"engine-{spec.name}", group, 0, "127.0.0.1", port, key, model, device="cuda")
+        commands[es.name] = plan.engine_command(spec, model, port, key)
+        engines[spec.name] = backend.start(es)
         if spec is specs[0]:
-            print(f"  engine command ({spec.name}): {c.shell()}", flush=True)
+            print(f"  engine command ({spec.name}): {commands[es.name].shell()}", flush=True)
     return engines
+
+
+def tail(eng, n=40) -> str:
+    return "\n".join(eng.log_tail(n))
 
 
 def wait_all(engines, specs, budget) -> dict:
@@ -75,16 +83,16 @@ def wait_all(engines, specs, budget) -> dict:
             if name in state:
                 continue
             if not eng.alive():
-                state[name] = f"exited with {eng.proc.returncode()}:\n{eng.log_tail(40)}"
+                state[name] = f"{eng.exit_reason()}:\n{tail(eng)}"
                 continue
             try:
-                if requests.get(eng.url + "/health", headers=eng.headers(), timeout=3).status_code == 200:
-                    state[name] = time.time() - eng.started_at
+                if requests.get(eng.url + "/health", headers=auth_headers(eng.api_key), timeout=3).status_code == 200:
+                    state[name] = time.monotonic() - eng.started_at
             except requests.RequestException:
                 pass
         if budget.clock() > deadline:
             for name, eng in engines.items():
-                state.setdefault(name, f"not ready within the budget:\n{eng.log_tail(40)}")
+                state.setdefault(name, f"not ready within the budget:\n{tail(eng)}")
         budget.tick("engines starting (" + ", ".join(f"{n} {'up' if isinstance(state.get(n), float) else '...'}"
                                                    for n in engines) + ")")
         time.sleep(1.0)
@@ -204,7 +212,7 @@ def check_status(eng, spec):
     p = subprocess.run([sys.executable, "-m", "rollout.cli", "patches", "status"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     print("  " + "\n  ".join((p.stdout + p.stderr).strip().splitlines()), flush=True)
-    report(judges.judge_status(p.returncode, p.stdout, eng.active_fixes()))
+    report(judges.judge_status(p.returncode, p.stdout, parse_active_fixes(log_text(eng))))
 
 
 def guarded(name, fn, *args):
@@ -233,8 +241,8 @@ def main(argv=None) -> int:
         up = {n for n, s in state.items() if isinstance(s, float)}
         for spec in specs:
             if spec.name in up:
-                report(judges.judge_graphs(spec.name, spec.kind, engines[spec.name].log_text()))
-                calls = judges.substitute_calls(engines[spec.name].log_text())
+                report(judges.judge_graphs(spec.name, spec.kind, log_text(engines[spec.name])))
+                calls = judges.substitute_calls(log_text(engines[spec.name]))
                 print(f"  kernels[{spec.name}]: substitute ops called: {', '.join(calls) or 'none'}", flush=True)
         try:
             router = Router(model)
@@ -256,7 +264,7 @@ def main(argv=None) -> int:
             budget.tick(f"after {name}")
     finally:
         for eng in engines.values():
-            eng.stop(timeout=15)
+            eng.stop()
     print(f"  engine checks: {sum(v.ok for v in RESULTS)} of {len(RESULTS)} PASS in {budget.elapsed():.0f} s",
           flush=True)
     print("gpu-check engine-summary: " + json.dumps({v.name: "PASS" if v.ok else "FAIL" for v in RESULTS}))
