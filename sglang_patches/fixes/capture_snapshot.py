@@ -7,14 +7,14 @@ stream, unordered with the next forward, which rewrites the cache rows in place;
 keeps memory alive but cannot stop that. On CUDA this is a race; on CPU `_async_d2h` returns the
 view itself, so `finalize()` (after the next forward) always stores the next forward's rows: a
 request's routed experts come back wrong at prompt row 0 and at every decode row (measured on the
-CPU engine, tests/test_engine_v0_5_15.py).
+CPU engine).
 
 Fix: AFTER `on_forward_end`: the returned output gets its own copies (on the forward stream, so
 ordered before the next forward), as SGLang 0.5.23 does. The synchronous path returns None: unchanged.
 """
 import dataclasses
 
-from sglang_patches.registry import Fix, Port
+from sglang_patches.registry import Fix, Hook
 
 ON_FORWARD_END = "sglang.srt.state_capturer.base.BaseTopkCapturer.on_forward_end"
 
@@ -26,6 +26,8 @@ def snapshot_output(result, *args, **kwargs):
     return dataclasses.replace(result, out_cache_loc=result.out_cache_loc.clone(), topk=result.topk.clone())
 
 
+SNAPSHOT = Hook(ON_FORWARD_END, snapshot_output, "after")
+
 FIX = Fix(
     name="capture-snapshot",
     family="dp-attention",
@@ -36,6 +38,4 @@ FIX = Fix(
     ),
     reference="sglang#34319 (merged upstream; in 0.5.23)",
     test="tests/test_version_matrix.py::test_fix_on_variant",
-    ports={"0.5.23": Port(state="upstream", test="tests/test_dp_fixes.py::test_unaffected_paths_stay_correct",
-                          reason="0.5.23's on_forward_end clones out_cache_loc and the top-k slice")},
 )
