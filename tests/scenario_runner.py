@@ -1,9 +1,9 @@
-"""Scenario scripts (`dp_scenarios*.py`): the in-process harness, and running them in fresh processes.
+"""Scenario scripts (`dp_scenarios.py`): the in-process harness, and running them in fresh processes.
 
-A scenario script registers functions with `scenario`, and calls `main(SCENARIOS, state)` when run
-as `python <script> STATE` (plugin / none / source); it prints one JSON object
-{scenario: {"ok": bool, "detail": str}}. `run_states` runs one process per state, in any
-environment's interpreter (the version matrix passes `.venvs/sglang-<variant>/bin/python`).
+A scenario script calls `main(SCENARIOS, state)` when run as `python <script> STATE` (plugin / none /
+source); it prints one JSON object {scenario: {"ok": bool, "detail": str}}. `run_states` runs one
+process per state, in any environment's interpreter (the version matrix passes
+`.venvs/sglang-<variant>/bin/python`).
 """
 import json
 import os
@@ -17,17 +17,6 @@ ROOT = HERE.parent
 MARK = "DP_SCENARIOS_JSON "
 
 
-def registry():
-    """(SCENARIOS, scenario): a dict and the decorator that fills it."""
-    scenarios = {}
-
-    def scenario(fn):
-        scenarios[fn.__name__] = fn
-        return fn
-
-    return scenarios, scenario
-
-
 def run_all(scenarios: dict) -> dict:
     out = {}
     for name, fn in scenarios.items():
@@ -39,7 +28,7 @@ def run_all(scenarios: dict) -> dict:
     return out
 
 
-def main(scenarios: dict, state: str) -> None:
+def main(scenarios: dict, state: str, meta: dict = None) -> None:
     if state in ("none", "source"):
         os.environ["SGLANG_PLUGINS"] = "none"
     from sglang.srt.plugins import load_plugins
@@ -50,7 +39,8 @@ def main(scenarios: dict, state: str) -> None:
     results = run_all(scenarios)
     import sglang
 
-    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
+    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__,
+                        **(meta or {})}
     print(MARK + json.dumps(results))
 
 
