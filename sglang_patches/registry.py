@@ -70,6 +70,8 @@ VARIANTS = (
     Variant("0.5.15.post1+slime", "0.5.15.post1", "v0_5_15", {MODEL_RUNNER_FORWARD: "b30d0a53bc76792b"},
             note="slime's image: the wheel + slime's docker/patch/latest/sglang*.patch"),
     Variant("0.5.16", "0.5.16", "v0_5_16", note="PyPI wheel, stock (Miles before v0.5.18)"),
+    Variant("0.5.17", "0.5.17", "v0_5_17", note="PyPI wheel, stock (slime's next image)"),
+    Variant("0.5.19", "0.5.19", "v0_5_19", note="PyPI wheel, stock (Miles)"),
 )
 
 

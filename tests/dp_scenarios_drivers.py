@@ -207,6 +207,18 @@ class Api0516(Api0515):
         return runner
 
 
+class Api0519(Api0516):
+    """0.5.19: as 0.5.16, but /health_generate reads get_disagg() and require_*_tp_gather take no argument."""
+
+    release = "0.5.19"
+    health_patches = staticmethod(lambda: [("get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))])
+
+    def gather_flags(self, stack, sa):
+        from sglang.srt.utils.common import require_attn_tp_gather, require_mlp_tp_gather
+
+        return require_mlp_tp_gather(), require_attn_tp_gather()
+
+
 class Api0523(Api0515):
     """0.5.23: config bags (get_schedule/get_exec), dp_gather_slot/width, the real-rows path."""
 
@@ -296,7 +308,7 @@ class Api0523(Api0515):
         return runner
 
 
-DRIVERS = (Api0515, Api0516, Api0523)
+DRIVERS = (Api0515, Api0516, Api0519, Api0523)
 
 
 def _key(version: str):

@@ -13,8 +13,8 @@ largest of the chunked-prefill size (or the context length when unchunked), the 
 buckets, and max-running-requests / decode-graph batch sizes times the draft-token count,
 aligned to lcm(attn_tp_size, draft tokens), times the number of DP ranks.
 
-Releases read the sizing inputs from different places: 0.5.23 from the runtime context's config
-bags (`grow_buffer`), 0.5.16 from the published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1
+Releases read the sizing inputs from different places: 0.5.18+ from the runtime context's config
+bags (`grow_buffer`, `grow_buffer_dp_size`), 0.5.16 from the published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1
 from the global server args (`grow_buffer_global_args`); the prefill-graph buckets are
 `cuda_graph_config.prefill.bs` as given.
 
@@ -58,15 +58,15 @@ def _graph_sizes():
     return tuple(prefill), tuple(decode)
 
 
-def grow_buffer(original, *args, **kwargs):
-    """AROUND RoutedExpertsCapturer.__init__: build as SGLang does, then grow a short buffer."""
+def _grow_from_bags(original, args, kwargs, num_dp_ranks):
+    """Build the capturer as SGLang does, then grow a short buffer; the sizing inputs come from the
+    runtime context's config bags, the DP width from `num_dp_ranks(parallel)`."""
     from sglang.srt import runtime_context
     from sglang.srt.state_capturer import routed_experts as re_mod
 
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
-    self = a["self"]
     parallel = re_mod.get_parallel()
     schedule = re_mod.get_schedule()
     prefill_tokens, decode_bs = _graph_sizes()
@@ -74,14 +74,24 @@ def grow_buffer(original, *args, **kwargs):
         chunked_prefill_size=schedule.chunked_prefill_size,
         context_len=getattr(a["model_config"], "context_len", 0) or getattr(schedule, "max_prefill_tokens", 0),
         max_running_requests=a["max_running_requests"],
-        num_dp_ranks=parallel.num_dp_ranks,
+        num_dp_ranks=num_dp_ranks(parallel),
         attn_tp_size=parallel.attn_tp_size if re_mod.is_dp_attention_enabled() else 1,
         prefill_graph_tokens=prefill_tokens,
         decode_graph_bs=decode_bs,
         draft_tokens=runtime_context.max_speculative_num_draft_tokens(),
     )
-    regrow(self, need, a["device"])
+    regrow(a["self"], need, a["device"])
     return None
+
+
+def grow_buffer(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ (0.5.22+: `ParallelContext.num_dp_ranks`)."""
+    return _grow_from_bags(original, args, kwargs, lambda parallel: parallel.num_dp_ranks)
+
+
+def grow_buffer_dp_size(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ (0.5.18 ... 0.5.21: the DP width is `ParallelContext.dp_size`)."""
+    return _grow_from_bags(original, args, kwargs, lambda parallel: parallel.dp_size)
 
 
 def regrow(capturer, need: int, device) -> None:
@@ -160,6 +170,7 @@ def grow_buffer_published_args(original, *args, **kwargs):
 
 
 GROW = Hook(TARGET, grow_buffer)
+GROW_DP_SIZE = Hook(TARGET, grow_buffer_dp_size)
 GROW_GLOBAL_ARGS = Hook(TARGET, grow_buffer_global_args)
 GROW_PUBLISHED_ARGS = Hook(TARGET, grow_buffer_published_args)
 
