@@ -43,6 +43,7 @@ class Api0515:
     padded_list = "global_num_tokens_cpu"  # where prepare_mlp_sync_batch leaves the padded per-rank list
     batch_extra = staticmethod(lambda bs: {"lora_ids": [None] * bs})
     health_patches = staticmethod(lambda: ())  # module attributes /health_generate reads besides the manager
+    layer_modes = False  # LayerScatterModes / LogitsProcessor need the process groups here: not simulated
 
     @staticmethod
     def server_args(**kw):
@@ -50,7 +51,7 @@ class Api0515:
         base = dict(chunked_prefill_size=2048, dp_size=4, enable_dp_attention=True, speculative_algorithm=None,
                     speculative_num_draft_tokens=None, max_speculative_num_draft_tokens=None,
                     cuda_graph_config=_graph_ns(prefill_bs, decode_bs), disable_overlap_schedule=True,
-                    elastic_ep_backend=None)
+                    elastic_ep_backend=None, disable_attn_tp_gather=False)
         return SimpleNamespace(**{**base, **kw})
 
     @staticmethod
@@ -69,7 +70,8 @@ class Api0515:
         stack.enter_context(mock.patch.object(re_mod, "get_moe_a2a_backend", backend))
         stack.enter_context(mock.patch.object(moe_utils, "get_moe_a2a_backend", backend))
         stack.enter_context(mock.patch.object(re_mod, "get_attention_tp_size", lambda: attn_tp))
-        return self.server_args(dp_size=dp_size, tp_size=attn_tp * dp_size, **server_args)
+        sa = self.server_args(dp_size=dp_size, tp_size=attn_tp * dp_size, **server_args)
+        return sa
 
     def model_runner(self, stack, mr, runner, cap, decode_bs):
         runner.server_args = self.server_args()
@@ -133,6 +135,7 @@ class Api0516(Api0515):
 
     release = "0.5.16"
     batch_extra = staticmethod(lambda bs: {})
+    layer_modes = True
 
     @staticmethod
     def graph_config(prefill_bs=None):
