@@ -71,7 +71,11 @@ VARIANTS = (
             note="slime's image: the wheel + slime's docker/patch/latest/sglang*.patch"),
     Variant("0.5.16", "0.5.16", "v0_5_16", note="PyPI wheel, stock (Miles before v0.5.18)"),
     Variant("0.5.17", "0.5.17", "v0_5_17", note="PyPI wheel, stock (slime's next image)"),
+    Variant("0.5.18", "0.5.18", "v0_5_18", note="PyPI wheel, stock (Miles' v0.5.18)"),
     Variant("0.5.19", "0.5.19", "v0_5_19", note="PyPI wheel, stock (Miles)"),
+    Variant("0.5.20", "0.5.20", "v0_5_20", note="PyPI wheel, stock"),
+    Variant("0.5.21", "0.5.21", "v0_5_21", note="PyPI wheel, stock"),
+    Variant("0.5.22", "0.5.22", "v0_5_22", note="PyPI wheel, stock"),
 )
 
 
@@ -92,6 +96,7 @@ class Port:
     test: str = ""  # the regression / guard test on this variant (default: the fix's test)
 
     def __post_init__(self):
+        assert self.state in tuple(FixState), f"unknown state {self.state!r}"
         object.__setattr__(self, "state", FixState(self.state))
         if self.state is FixState.ACTIVE:
             assert self.pins and all(isinstance(h, Hook) and d for h, d in self.pins.items()), self

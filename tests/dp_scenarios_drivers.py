@@ -210,11 +210,17 @@ class Api0516(Api0515):
         return runner
 
 
-class Api0519(Api0516):
-    """0.5.19: as 0.5.16, but /health_generate reads get_disagg() and require_*_tp_gather take no argument."""
+class Api0518(Api0516):
+    """0.5.18: as 0.5.16, but /health_generate reads get_disagg()."""
+
+    release = "0.5.18"
+    health_patches = staticmethod(lambda: [("get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))])
+
+
+class Api0519(Api0518):
+    """0.5.19: require_mlp_tp_gather() / require_attn_tp_gather() take no argument."""
 
     release = "0.5.19"
-    health_patches = staticmethod(lambda: [("get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))])
 
     def gather_flags(self, stack, sa):
         from sglang.srt.utils.common import require_attn_tp_gather, require_mlp_tp_gather
@@ -222,10 +228,29 @@ class Api0519(Api0516):
         return require_mlp_tp_gather(), require_attn_tp_gather()
 
 
-class Api0523(Api0515):
-    """0.5.23: config bags (get_schedule/get_exec), dp_gather_slot/width, the real-rows path."""
+class Api0520(Api0519):
+    """0.5.20: BaseHostCache takes more arguments; prepare_mlp_sync_batch asks the runner whether
+    attn-TP sequences are sharded."""
 
-    release = "0.5.23"
+    release = "0.5.20"
+
+    def capturer_context(self, stack, **kw):
+        import sglang.srt.state_capturer.base as base
+
+        super().capturer_context(stack, **kw)
+        host = lambda *a, **k: SimpleNamespace(buffer=None)  # noqa: E731 - pinned memory needs CUDA
+        stack.enter_context(mock.patch.object(base, "BaseHostCache", host))
+
+    def prepare_context(self, stack, **kw):
+        runner = super().prepare_context(stack, **kw)
+        runner.attn_tp_sequence_sharded = lambda n: True
+        return runner
+
+
+class Api0521(Api0515):
+    """0.5.21 (and later): dp_gather_slot/width; the config bags a module reads are patched in that module."""
+
+    release = "0.5.21"
     padded_list = "global_num_tokens_padded_cpu"
     batch_extra = staticmethod(lambda bs: {})
     health_patches = staticmethod(lambda: [("get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))])
@@ -267,24 +292,12 @@ class Api0523(Api0515):
         stack.enter_context(mock.patch.object(re_mod, "get_schedule", lambda: SimpleNamespace(
             chunked_prefill_size=cps, max_prefill_tokens=16384)))
         stack.enter_context(mock.patch.object(re_mod, "get_parallel", lambda: SimpleNamespace(
-            num_dp_ranks=num_dp, attn_tp_size=attn_tp)))
+            num_dp_ranks=num_dp, dp_size=num_dp, attn_tp_size=attn_tp)))
         stack.enter_context(mock.patch.object(rc, "max_speculative_num_draft_tokens", lambda: k))
         stack.enter_context(mock.patch.object(rc, "get_exec", lambda: SimpleNamespace(graph=graph)))
 
-    def draft_extend_batch(self, *, real, padded, planned):
-        import torch
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-        return SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2, global_num_token_non_padded_cpu=real,
-                               global_num_tokens_padded_cpu=[padded], forward_metadata_planned_num_tokens=planned,
-                               out_cache_loc=torch.arange(padded), positions=torch.arange(padded), mha_return_lse=False,
-                               _attn_output=None, moe_num_token_non_padded=lambda: None)
-
-    def attention_context(self, stack, ra, backend, fb):
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-        stack.enter_context(mock.patch.object(ra, "get_attn_backend", lambda: backend))
-        stack.enter_context(forward_context(ForwardContext(attn_backend=backend), forward_batch=fb))
+    draft_extend_batch = Api0516.draft_extend_batch  # no real-rows path before 0.5.23
+    gather_flags = Api0519.gather_flags
 
     def prepare_context(self, stack, *, attn_tp, dp_rank, width, k):
         import sglang.srt.layers.dp_attention as dpa
@@ -311,7 +324,29 @@ class Api0523(Api0515):
         return runner
 
 
-DRIVERS = (Api0515, Api0516, Api0519, Api0523)
+class Api0523(Api0521):
+    """0.5.23: the real-rows path for padded extends (`graph_utils.padded_extend_real_tokens`) plans from
+    the batch's padded / non-padded counts inside a forward context."""
+
+    release = "0.5.23"
+
+    def draft_extend_batch(self, *, real, padded, planned):
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        return SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2, global_num_token_non_padded_cpu=real,
+                               global_num_tokens_padded_cpu=[padded], forward_metadata_planned_num_tokens=planned,
+                               out_cache_loc=torch.arange(padded), positions=torch.arange(padded), mha_return_lse=False,
+                               _attn_output=None, moe_num_token_non_padded=lambda: None)
+
+    def attention_context(self, stack, ra, backend, fb):
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        stack.enter_context(mock.patch.object(ra, "get_attn_backend", lambda: backend))
+        stack.enter_context(forward_context(ForwardContext(attn_backend=backend), forward_batch=fb))
+
+
+DRIVERS = (Api0515, Api0516, Api0518, Api0519, Api0520, Api0521, Api0523)
 
 
 def _key(version: str):
