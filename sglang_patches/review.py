@@ -24,13 +24,14 @@ def short(target: str) -> str:
     return ".".join(target.rsplit(".", 2)[-2:])
 
 
-def pinned_targets() -> dict:
-    """{variant name: {fix name: {target: pinned fingerprint}}} over every table's hooked ports."""
-    from sglang_patches.registry import VARIANTS, table
+def pinned_targets(family: str = None) -> dict:
+    """{variant name: {fix name: {target: pinned fingerprint}}} over every table's hooked ports (of `family`)."""
+    from sglang_patches.registry import VARIANTS, all_fixes, table
     from sglang_patches.states import FixState
 
-    return {v.name: {fix: port.fingerprints for fix, port in table(v.table).items() if port.state is FixState.ACTIVE}
-            for v in VARIANTS}
+    names = {f.name for f in all_fixes() if family in (None, f.family)}
+    return {v.name: {fix: port.fingerprints for fix, port in table(v.table).items()
+                     if port.state is FixState.ACTIVE and fix in names} for v in VARIANTS}
 
 
 def probe() -> None:
@@ -79,12 +80,12 @@ def _scenarios(python: Path, review_as: str) -> dict:
 
     from sglang_patches.registry import REVIEW_AS_ENV
 
-    return run_states(["none", "plugin"], python=python, timeout=900,
-                      extra_env={"plugin": {REVIEW_AS_ENV: review_as}})
+    return run_states(["both"], python=python, timeout=900, extra_env={"both": {REVIEW_AS_ENV: review_as}})
 
 
 def nearest(installed: dict, pins: dict) -> str:
-    """The variant whose hooked pins match the installed tree most often (later variants win ties)."""
+    """The variant whose hooked pins match the installed tree most often (later variants win ties);
+    `review` passes the DP-attention family's pins: the CPU graph family would pull every tree to 0.5.23."""
     score = {v: sum(installed.get(t) == d for fix in fixes.values() for t, d in fix.items()) for v, fixes in pins.items()}
     return max(reversed(list(score)), key=lambda v: score[v])
 
@@ -147,7 +148,7 @@ def review(version: str, build: bool = True, review_as: str = None) -> list:
         raise ReviewError(f"{python} missing: run scripts/setup_sglang_env.sh {version}")
     installed = _installed_fingerprints(python)
     pins = pinned_targets()
-    review_as = review_as or nearest(installed, pins)
+    review_as = review_as or nearest(installed, pinned_targets("dp-attention"))
     if review_as not in pins:
         raise ReviewError(f"--as {review_as}: not a reviewed variant ({', '.join(pins)})")
     return draft(version, installed, pins, _scenarios(python, review_as), review_as)

@@ -336,7 +336,7 @@ def capture_snapshot_overlap():
 
 # ---------------------------------------------------------------- sglang#26016's other changes
 
-SEED = dict(tp=32, dp=4, moe_dense_tp_size=1, enable_dp_lm_head=True)  # training_configs glm4.5-355b-a32b
+GLM = dict(tp=32, dp=4, moe_dense_tp_size=1, enable_dp_lm_head=True)  # training_configs glm4.5-355b-a32b
 
 
 def _local_slice(global_num_tokens, dp_rank, a2a):
@@ -362,14 +362,14 @@ def dp_buffer_one_entry_list():
 
 
 def _gather_lists(stack, a2a):
-    sa = API.dp_context(stack, dp_size=SEED["dp"], attn_tp=SEED["tp"] // SEED["dp"], a2a=a2a,
-                        moe_dense_tp_size=SEED["moe_dense_tp_size"], enable_dp_lm_head=SEED["enable_dp_lm_head"],
+    sa = API.dp_context(stack, dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"], a2a=a2a,
+                        moe_dense_tp_size=GLM["moe_dense_tp_size"], enable_dp_lm_head=GLM["enable_dp_lm_head"],
                         moe_a2a_backend=a2a or "none")
     return API.gather_flags(stack, sa)
 
 
 @scenario("dp-buffer-sizing", "reach")
-def dp_buffer_seed_a2a_none_full_lists():
+def dp_buffer_glm_a2a_none_full_lists():
     # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank.
     with ExitStack() as stack:
         mlp, attn = _gather_lists(stack, None)
@@ -379,7 +379,7 @@ def dp_buffer_seed_a2a_none_full_lists():
 
 
 @scenario("dp-buffer-sizing", "reach")
-def dp_buffer_seed_deepep_no_reader():
+def dp_buffer_glm_deepep_no_reader():
     # deepep: only the attn-TP gather (one-entry lists), but no reader of a per-rank list runs: every
     # layer stays SCATTERED/TP_ATTN_FULL, dp-lm-head turns the logits DP gather off, and the capturer
     # takes its deepep slice.

@@ -100,4 +100,4 @@ def test_every_fix_has_scenarios():
 def dp_results():
     from scenario_runner import run_states
 
-    return run_states(["none", "plugin"])
+    return run_states(["both"])

@@ -47,7 +47,7 @@ _results = {}
 
 def results(variant):
     if variant not in _results:
-        _results[variant] = run_states(["none", "plugin"], python=python_of(variant), timeout=600)
+        _results[variant] = run_states(["both"], python=python_of(variant), timeout=600)
     return _results[variant]
 
 
