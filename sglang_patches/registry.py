@@ -15,18 +15,20 @@ hooked source is identical. A fix a table does not list is idle where its family
 refused otherwise.
 
 Adding a variant (e.g. SGLang 0.5.24):
-  1. `requirements/sglang-0.5.24.txt` (the wheel + pins that differ), then
+  1. `requirements/sglang-0.5.24.txt` (the wheel + the pins that differ from .venv), then
      `slime-moe-rollout patches review 0.5.24`: it builds `.venvs/sglang-0.5.24`, compares every
-     hooked target's fingerprint with each table, runs every scenario stock and with the nearest
-     table's hooks, and prints a draft verdict table.
-  2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose fingerprints match, pin the moved
-     targets after reading their new source (a new hook in the fix module only if the code moved).
-  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; in tests/dp_scenarios_drivers.py the
-     release's driver (only if its API differs) and EXPECT_STOCK needles that differ; the version
-     in MATRIX_ENVS (Makefile).
-  4. `sglang_patches/diffs/0.5.24/NNNN-<fix>.patch` per hooked fix (tests/test_diffs.py).
-  `make test` checks the rest: a port per fix and variant, pins that are the installed source,
-  every hooked fix's scenarios failing stock with their needle and passing with the plugin.
+     hooked target's fingerprint with each table, runs the scenario list stock and with the nearest
+     table's hooks, and prints a draft verdict per fix.
+  2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose pins match; re-pin moved targets after
+     reading their new source (a new hook in the fix module only where the code moved).
+  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in tests/dp_scenarios_drivers.py
+     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (tests/dp_scenarios.py);
+     the version in MATRIX_ENVS (Makefile).
+  4. `sglang_patches/diffs/0.5.24/NNNN-<fix>.patch`, one per hooked fix.
+  `make test` checks the rest (tests/test_patch_registry.py, test_version_matrix.py, test_diffs.py):
+  a port per fix and variant, requirements, MATRIX_ENVS and diffs per variant, pins equal to the
+  installed source, every hooked fix's scenarios failing stock with their needle and passing with
+  the plugin, `patches status` all good.
 """
 import importlib
 import os

@@ -22,7 +22,7 @@ MATRIX = [v for v in variants() if v != "0.5.23"]
 
 
 def touched_files(variant="0.5.23"):
-    files = set()
+    files = {"_version.py"}  # apply-source prefers the diff set of the tree's own version
     for p in patches(variant):
         files |= set(re.findall(r"^\+\+\+ b/python/sglang/(\S+)$", p.read_text(), re.M))
     return sorted(files)

@@ -70,18 +70,17 @@ def test_status_names_variant_and_is_all_good(variant):
     assert r.returncode == 0 and report["ok"], r.stderr
 
 
-# variant -> the CPU family's states in a CPU engine's process (SGLANG_USE_CPU_ENGINE=1)
-CPU_HOOKED = ("cpu-host-register", "cpu-cuda-synchronize", "cpu-eagle-attn-backend", "cpu-torch-native-fill",
-              "cpu-ep-native-moe", "cpu-gloo-scatter-gather", "cpu-gloo-stacked-allgather", "cpu-thread-binding")
-CPU_STATES = {"0.5.16": {**dict.fromkeys(CPU_HOOKED, "active"), "cpu-dp-controller-idle": "not-needed"}}
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", list(CPU_STATES))
-def test_status_with_cpu_engine_is_all_good(variant):
+@pytest.mark.parametrize("variant", MATRIX)
+def test_status_with_cpu_engine_matches_the_table(variant):
+    """In a CPU engine's process (SGLANG_USE_CPU_ENGINE=1) the CPU family is judged for real: each ported
+    fix is active (its pins are this tree's source) or hook-less as its table says, an unported one is
+    refused (status exits 1 there only), and the graph-replay fixes stay idle unless asked for."""
     r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1")
-    assert {n: s for n, s in states.items() if s != "idle"} == CPU_STATES[variant], states
-    assert r.returncode == 0 and report["ok"], r.stderr[-2000:]
+    cpu = [f for f in all_fixes() if f.family == "cpu" and not f.name.startswith("cpu-graphs-")]
+    want = {f.name: ports(variant)[f.name].state.value if f.name in ports(variant) else "refused" for f in cpu}
+    assert {n: states[n] for n in want} == want
+    assert (r.returncode == 0) == ("refused" not in want.values()), r.stderr[-2000:]
 
 
 @pytest.mark.timeout(900)
