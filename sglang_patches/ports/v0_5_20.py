@@ -12,8 +12,7 @@ from . import v0_5_15, v0_5_19, v0_5_23
 
 CPU_AS_0_5_23 = ("cpu-host-register", "cpu-eagle-attn-backend", "cpu-ep-native-moe", "cpu-thread-binding")
 PORTS = {
-    **{name: port for name, port in v0_5_19.PORTS.items()
-       if name not in ("cpu-gloo-scatter-gather", "cpu-gloo-stacked-allgather")},
+    **{name: port for name, port in v0_5_19.PORTS.items() if name != "cpu-gloo-scatter-gather"},
     **{name: v0_5_23.PORTS[name] for name in CPU_AS_0_5_23},
     "verify-padding-lcm": Port({vpl.ALIGN: "dd76cb3f2ae1c99a"}, test=v0_5_15.FIX_TEST),
 }
