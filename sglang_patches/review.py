@@ -131,6 +131,8 @@ def draft(version: str, installed: dict, pins: dict, results: dict, review_as: s
             verdict = f"hook: {review_as}'s port fits unchanged"
         elif len(plugin_ok) == len(defects):
             verdict = f"hook: {review_as}'s hooks work; re-pin after reading {', '.join(moved)}"
+            if fits:
+                verdict += f" (or reuse {fits[-1]}'s port: its pins fit)"
         else:
             bad = next(n for n in defects if n not in plugin_ok)
             verdict = f"hook: {review_as}'s hooks do not fix {bad}: {results['plugin'][bad]['detail'][:80]}"
