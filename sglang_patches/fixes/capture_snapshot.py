@@ -1,6 +1,6 @@
 """Overlap scheduling: a forward's captured top-k rows are snapshot before the next forward runs.
 
-Defect (0.5.15.post1, 0.5.16; sglang#34319, upstream in 0.5.23): with overlap scheduling (the
+Defect (0.5.15.post1 ... 0.5.17; sglang#34319, upstream since 0.5.18): with overlap scheduling (the
 default) `BaseTopkCapturer.on_forward_end` returns a `TopkCaptureOutput` holding a *view* of the
 reusable device cache (and the batch's `out_cache_loc`). Its D2H copy runs on the result-copy
 stream, unordered with the next forward, which rewrites the cache rows in place; `record_stream`
@@ -36,6 +36,6 @@ FIX = Fix(
         "the next forward rewrites before the host copy lands. Prompt row 0 and every decode row carry "
         "the next forward's experts (CUDA: a race, per sglang#34319; CPU: always)."
     ),
-    reference="sglang#34319 (merged upstream; in 0.5.23)",
+    reference="sglang#34319 (merged upstream; in 0.5.18 and later)",
     test="tests/test_version_matrix.py::test_fix_on_variant",
 )

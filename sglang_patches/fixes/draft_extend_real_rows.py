@@ -11,8 +11,8 @@ Fix: an AROUND hook on `padded_extend_real_tokens` also returns the real row cou
 eager DRAFT_EXTEND_V2 batch that was MLP-sync padded after a pre-pad plan covering exactly
 its real rows, outside prefill-graph scope; SGLang's `_attention_on_real_rows` does the rest.
 
-Releases without that real-rows path (0.5.15.post1 ... 0.5.22) get an AROUND hook on
-`RadixAttention.forward` instead: the backend runs on the planned rows of such a batch (the plan
+Up to 0.5.22 (no real-rows path, or 0.5.22's copy of it inside radix_attention) the hook is an
+AROUND hook on `RadixAttention.forward` instead: the backend runs on the planned rows of such a batch (the plan
 record of `mark_forward_metadata_ready`, made before the padding) and the output is padded back
 with zeros.
 

@@ -1,6 +1,6 @@
 """Three changes proposed in sglang#26016 that SGLang handles itself. Guard tests only, no hooks.
 
-- dp-buffer-sizing (global_num_tokens sizing for require_attn_tp_gather): 0.5.22 and 0.5.23 keep
+- dp-buffer-sizing (global_num_tokens sizing for require_attn_tp_gather): 0.5.21 and later keep
   one-entry lists on purpose and resolve them with `dp_slot_in`; porting the proposed change would
   make `set_local_num_token_non_padded` read rank 0's count on every rank. Older releases index
   the lists by DP rank, but no supported configuration reads a one-entry list there (not-needed).
@@ -15,7 +15,7 @@ FIXES = [
         name="dp-buffer-sizing",
         family="dp-attention",
         defect="Per-rank token lists are sized by require_mlp_tp_gather only, so one-entry lists get indexed "
-        "by DP rank. SGLang 0.5.22+ resolves one-entry lists via dp_slot_in; the proposed change would break it.",
+        "by DP rank. SGLang 0.5.21+ resolves one-entry lists via dp_slot_in; the proposed change would break it.",
         reference="sglang#26016",
         test="tests/test_upstream_guards.py::test_dp_buffer_sizing_guard",
     ),

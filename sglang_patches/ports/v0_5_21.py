@@ -8,6 +8,7 @@ process does not load plugins yet (not-needed, as up to 0.5.16).
 """
 from sglang_patches.fixes import capturer_extent as ce, draft_extend_real_rows as de, verify_padding_lcm as vpl
 from sglang_patches.registry import Port
+from sglang_patches.states import FixState
 
 from . import v0_5_15, v0_5_19, v0_5_23
 
@@ -22,6 +23,7 @@ PORTS = {
                             test=FIX_TEST),
     "draft-extend-real-rows": Port({de.PLANNED_ROWS: "1da7ccd202fe0dfe"}, test=FIX_TEST),
     "verify-padding-lcm": Port({vpl.ALIGN: "23415531c9f4d621"}, test=FIX_TEST),
-    "dp-buffer-sizing": v0_5_23.PORTS["dp-buffer-sizing"],
+    "dp-buffer-sizing": Port(state=FixState.UPSTREAM, test=v0_5_15.GUARD_TEST,
+                             reason="one-entry per-rank lists are resolved via dp_slot_in"),
     "cpu-dp-controller-idle": v0_5_15.DP_CONTROLLER_UNREACHABLE,
 }
