@@ -40,7 +40,7 @@ PORTS = {
     "cpu-graphs-decode-runner": Port({dr.BUILD_DECODE_RUNNER: "98b24a36e0212367", dr.GRAPH_MODES: "c7880625d0ba90ef"}),
     "cpu-graphs-replay-backend": Port({rb.DECODE_BACKEND: "29a030e3c164d133", rb.PREFILL_BACKEND: "bd53dc563d9a5033",
                                        rb.DEVICE_MODULE: "efbd44b158aa651b"}),
-    "cpu-graphs-attn-backend": Port({agh.NO_STATE: "bf6580225eeb7cc7", agh.SEQ_LEN_FILL: "f7efe5e1ce080f78",
+    "cpu-graphs-attn-backend": Port({agh.NO_STATE: "bf6580225eeb7cc7", agh.FILL_HOOK: "f7efe5e1ce080f78",
                                      agh.EAGER_METADATA: "3cc5c7014b95a738"}),
     "cpu-graphs-pynccl-state": Port({ps.KEEP_OFF: "c6b3a7c9e2c18d9e"}),
 }

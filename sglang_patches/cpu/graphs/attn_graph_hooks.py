@@ -46,7 +46,7 @@ def eager_metadata(original, self, forward_batch, *args, **kwargs):
 
 
 NO_STATE = Hook(STATE, no_graph_state, "around")
-SEQ_LEN_FILL = Hook(FILL, seq_len_fill, "around")
+FILL_HOOK = Hook(FILL, seq_len_fill, "around")
 EAGER_METADATA = Hook(OUT_GRAPH, eager_metadata, "around")
 
 FIX = Fix(
