@@ -4,7 +4,7 @@ CLI := $(VENV)/bin/slime-moe-rollout
 
 # Extra reviewed SGLang variants (tests/test_version_matrix.py), each in .venvs/sglang-<variant>.
 # The slime variant needs a slime checkout: make test SLIME_SRC=/path/to/slime
-MATRIX_ENVS := 0.5.15.post1 0.5.16 $(if $(SLIME_SRC),0.5.15.post1+slime)
+MATRIX_ENVS := 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 $(if $(SLIME_SRC),0.5.15.post1+slime)
 
 .PHONY: venv envs demo test test-e2e bench bench-quick clean
 

@@ -16,7 +16,8 @@ _registered = []  # names of fixes whose hooks this process registered
 def register() -> list:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_patches.registry import all_fixes, detect, judge
+    from sglang_patches.registry import all_fixes, detect, judge, table
+    from sglang_patches.states import FixState
 
     if _registered:
         return list(_registered)
@@ -26,11 +27,11 @@ def register() -> list:
         return []
     for fix in all_fixes():
         verdict = judge(fix, found)
-        if verdict.state == "active":
-            for hook in fix.ports[found.variant.name].hooks:
+        if verdict.state is FixState.ACTIVE:
+            for hook in table(found.variant.table)[fix.name].hooks:
                 HookRegistry.register(hook.target, hook.fn, HookType[hook.kind.upper()])
             _registered.append(fix.name)
-        elif verdict.state == "refused":
+        elif verdict.state is FixState.REFUSED:
             logger.warning("slime-moe-rollout: fix %s refused: %s", fix.name, verdict.reason)
     # rollout.engine_launch.PLUGIN_LINE parses this line; `patches status` names the variant.
     logger.warning("slime-moe-rollout plugin: active fixes: %s", ", ".join(_registered) or "none")

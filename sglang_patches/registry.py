@@ -1,39 +1,46 @@
 """What a fix is, which SGLang variants are reviewed, and how a fix is judged before it applies.
 
-A *variant* is an SGLang version plus the source fingerprints of marker functions that tell
-trees of one version apart (stock 0.5.15.post1 vs the same wheel with slime's image patches,
-which change `ModelRunner.forward`). The installed tree is matched against `VARIANTS`; no match
-(unreviewed version, or an unknown edit to a marker) means no hook at all and one log line.
+A *variant* is an SGLang version (plus, where two reviewed trees share a version, the fingerprints
+of marker functions that tell them apart: stock 0.5.15.post1 vs the same wheel with slime's image
+patches, which change `ModelRunner.forward`). The installed tree is matched against `VARIANTS`; no
+match (unreviewed version, or an unknown edit to a marker) means no hook at all and one log line.
 
-A fix module defines `FIX = Fix(...)` (or `FIXES`). Per variant a fix has a `Port`: hooks with
-the reviewed fingerprint of every hooked target, or a hook-less state: `upstream` (SGLang fixed
-it: guard test), `not-needed` (the defect is there but no supported configuration reaches it:
-the reason and a test say why), `absent` (the defective code does not exist there). Verdict
-states: active, upstream, not-needed, absent, idle (family not relevant to this process),
-disabled (by env), refused (unreviewed variant, fingerprint mismatch, no port).
+A fix module defines `FIX` (or `FIXES`) and its hooks, each `Hook` naming its target once. What a
+fix does on a variant is data: the variant's port table `sglang_patches/ports/<table>.py` holds
+`PORTS = {fix name: Port}` for both families. A `Port` pins hooks to the reviewed fingerprint of
+their targets, or is hook-less: upstream (SGLang fixed it: guard test), not-needed (the defect is
+there but no supported configuration reaches it: the reason and a test say why), absent (the
+defective code does not exist there). Tables reuse each other's Ports by reference wherever the
+hooked source is identical. A fix a table does not list is idle where its family is idle, and
+refused otherwise.
 
-0.5.23's ports live in the fix modules themselves. Every other version has a package of its own
-(`VERSION_PACKAGES`) whose `PORTS = {fix name: {variant name: Port}}` is merged into the fixes;
-its hooks live in its submodules and reuse the fix module's shared logic.
-
-Adding a variant (e.g. SGLang 0.5.16):
-  1. `Variant("0.5.16", "0.5.16", markers={...})` in VARIANTS (markers: {} unless another
-     reviewed variant shares the version; then fingerprints that differ between them).
-  2. `sglang_patches/fixes/v0_5_16/__init__.py` with PORTS for every fix of FIX_MODULES
-     (hooks in `v0_5_16/<fix>.py`), and "0.5.16": ("sglang_patches.fixes.v0_5_16",) in
-     VERSION_PACKAGES. `tests/test_patch_registry.py` checks every fix has a port per variant.
-  3. `requirements/sglang-0.5.16.txt` (the wheel + pins that differ): `scripts/setup_sglang_env.sh
-     0.5.16` builds `.venvs/sglang-0.5.16`; add it to MATRIX_ENVS in the Makefile and the variant's
-     scenarios (`tests/dp_scenarios_v0_5_16.py`, with EXPECT[variant]) to MATRIX in
-     tests/test_version_matrix.py and tests/test_diffs.py.
-  4. `sglang_patches/diffs/0.5.16/NNNN-<fix>.patch` (apply-source picks the set that fits a tree).
+Adding a variant (e.g. SGLang 0.5.24):
+  1. `requirements/sglang-0.5.24.txt` (the wheel + the pins that differ from .venv), then
+     `slime-moe-rollout patches review 0.5.24`: it builds `.venvs/sglang-0.5.24`, compares every
+     hooked target's fingerprint with each table, runs the scenario list stock and with the nearest
+     table's hooks, and prints a draft verdict per fix.
+  2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose pins match; re-pin moved targets after
+     reading their new source (a new hook in the fix module only where the code moved).
+  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in tests/dp_scenarios_drivers.py
+     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (tests/dp_scenarios.py);
+     the version in MATRIX_ENVS (Makefile).
+  4. `sglang_patches/diffs/0.5.24/NNNN-<fix>.patch`, one per hooked fix.
+  `make test` checks the rest (tests/test_patch_registry.py, test_version_matrix.py, test_diffs.py):
+  a port per fix and variant, requirements, MATRIX_ENVS and diffs per variant, pins equal to the
+  installed source, every hooked fix's scenarios failing stock with their needle and passing with
+  the plugin, `patches status` all good.
 """
 import importlib
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Optional
 
+from sglang_patches.states import FixState
+
 DISABLE_ENV = "SLIME_MOE_ROLLOUT_DISABLE"  # comma-separated fix names, or "all"
+# Release review only (`patches review`): judge this unreviewed tree as the named variant.
+REVIEW_AS_ENV = "SLIME_MOE_ROLLOUT_REVIEW_AS"
 FIX_MODULES = (
     "sglang_patches.fixes.capturer_extent",
     "sglang_patches.fixes.routed_experts_rows",
@@ -46,29 +53,32 @@ FIX_MODULES = (
     "sglang_patches.cpu.graphs",
 )
 MODEL_RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+HOOKLESS_STATES = (FixState.UPSTREAM, FixState.NOT_NEEDED, FixState.ABSENT)
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str  # "0.5.15.post1+slime"
     version: str  # what importlib.metadata reports: "0.5.15.post1"
+    table: str  # port table module in sglang_patches/ports/
     markers: dict = field(default_factory=dict)  # {target: fingerprint} this tree must have
     note: str = ""
 
 
 VARIANTS = (
-    Variant("0.5.23", "0.5.23", note="PyPI wheel"),
-    Variant("0.5.15.post1", "0.5.15.post1", {MODEL_RUNNER_FORWARD: "582a0e699291c217"},
+    Variant("0.5.23", "0.5.23", "v0_5_23", note="PyPI wheel"),
+    Variant("0.5.15.post1", "0.5.15.post1", "v0_5_15", {MODEL_RUNNER_FORWARD: "582a0e699291c217"},
             note="PyPI wheel, stock"),
-    Variant("0.5.15.post1+slime", "0.5.15.post1", {MODEL_RUNNER_FORWARD: "b30d0a53bc76792b"},
+    Variant("0.5.15.post1+slime", "0.5.15.post1", "v0_5_15", {MODEL_RUNNER_FORWARD: "b30d0a53bc76792b"},
             note="slime's image: the wheel + slime's docker/patch/latest/sglang*.patch"),
-    Variant("0.5.16", "0.5.16", note="PyPI wheel, stock (Miles)"),
+    Variant("0.5.16", "0.5.16", "v0_5_16", note="PyPI wheel, stock (Miles before v0.5.18)"),
+    Variant("0.5.17", "0.5.17", "v0_5_17", note="PyPI wheel, stock (slime's next image)"),
+    Variant("0.5.18", "0.5.18", "v0_5_18", note="PyPI wheel, stock (Miles' v0.5.18)"),
+    Variant("0.5.19", "0.5.19", "v0_5_19", note="PyPI wheel, stock (Miles)"),
+    Variant("0.5.20", "0.5.20", "v0_5_20", note="PyPI wheel, stock"),
+    Variant("0.5.21", "0.5.21", "v0_5_21", note="PyPI wheel, stock"),
+    Variant("0.5.22", "0.5.22", "v0_5_22", note="PyPI wheel, stock"),
 )
-VERSION_PACKAGES = {
-    "0.5.15.post1": ("sglang_patches.fixes.v0_5_15", "sglang_patches.cpu.fixes.v0_5_15"),
-    "0.5.16": ("sglang_patches.fixes.v0_5_16", "sglang_patches.cpu.fixes.v0_5_16"),
-}
-HOOKLESS_STATES = ("upstream", "not-needed", "absent")
 
 
 @dataclass(frozen=True)
@@ -80,20 +90,34 @@ class Hook:
 
 @dataclass(frozen=True)
 class Port:
-    """A fix on one variant: hooks pinned by fingerprints, or a hook-less state with its reason."""
+    """A fix on one variant: {Hook: reviewed fingerprint of its target}, or a hook-less state with its reason."""
 
-    hooks: tuple = ()
-    fingerprints: dict = field(default_factory=dict)  # {target: digest}
-    state: str = "hooks"  # or one of HOOKLESS_STATES
+    pins: dict = field(default_factory=dict)
+    state: FixState = FixState.ACTIVE  # ACTIVE: the pinned hooks; else one of HOOKLESS_STATES
     reason: str = ""
     test: str = ""  # the regression / guard test on this variant (default: the fix's test)
 
     def __post_init__(self):
-        if self.state == "hooks":
-            missing = {h.target for h in self.hooks} - set(self.fingerprints)
-            assert self.hooks and not missing, f"hooks without a reviewed fingerprint: {missing}"
+        assert self.state in tuple(FixState), f"unknown state {self.state!r}"
+        object.__setattr__(self, "state", FixState(self.state))
+        if self.state is FixState.ACTIVE:
+            assert self.pins and all(isinstance(h, Hook) and d for h, d in self.pins.items()), self
         else:
-            assert self.state in HOOKLESS_STATES and self.reason and not self.hooks, self
+            assert self.state in HOOKLESS_STATES and self.reason and not self.pins, self
+
+    @property
+    def hooks(self) -> tuple:
+        return tuple(self.pins)
+
+    @property
+    def fingerprints(self) -> dict:
+        return {h.target: d for h, d in self.pins.items()}
+
+
+@lru_cache(maxsize=None)
+def table(name: str) -> dict:
+    """The port table `sglang_patches/ports/<name>.py`: {fix name: Port}."""
+    return importlib.import_module(f"sglang_patches.ports.{name}").PORTS
 
 
 @dataclass(frozen=True)
@@ -101,38 +125,15 @@ class Fix:
     name: str
     family: str  # "dp-attention" or "cpu"
     defect: str  # two sentences
-    reference: str  # seed / upstream thread / fix-map section
+    reference: str  # upstream thread, or where the defect was found
     test: str  # regression (or guard) test node id
-    ports: dict = field(default_factory=dict)  # variant name -> Port
     needed: Optional[Callable[[dict], bool]] = None  # does a server-args dict trigger it?
     when: Optional[Callable[[], Optional[str]]] = None  # returns a reason when idle here
-    # Shorthand for the same hooks on several variants: {variant: {target: digest}} -> ports.
-    hooks: tuple = ()
-    fingerprints: dict = field(default_factory=dict)
-    versions: tuple = ()  # legacy spelling of fingerprints' keys; checked, not used
-
-    def __post_init__(self):
-        assert set(self.versions) <= set(self.fingerprints), (self.name, self.versions)
-        if self.fingerprints:
-            ports = {v: Port(hooks=self.hooks, fingerprints=pins) for v, pins in self.fingerprints.items()}
-            object.__setattr__(self, "ports", {**ports, **self.ports})
 
     @property
-    def upstream(self) -> bool:
-        """True when no reviewed variant needs hooks for it (a guard-only fix)."""
-        return all(p.state != "hooks" for p in self.ports.values())
-
-
-def _with_version_ports(fixes: list) -> list:
-    extra = {}
-    for packages in VERSION_PACKAGES.values():
-        for name in packages:
-            for fix_name, ports in importlib.import_module(name).PORTS.items():
-                extra.setdefault(fix_name, {}).update(ports)
-    known = {f.name for f in fixes}
-    assert set(extra) <= known, f"ports for unknown fixes: {set(extra) - known}"
-    return [replace(f, ports={**f.ports, **extra.get(f.name, {})}, fingerprints={}, versions=())
-            if f.name in extra else f for f in fixes]
+    def ports(self) -> dict:
+        """{variant name: Port} from the port tables."""
+        return {v.name: table(v.table)[self.name] for v in VARIANTS if self.name in table(v.table)}
 
 
 def all_fixes() -> list:
@@ -140,7 +141,7 @@ def all_fixes() -> list:
     for mod_name in FIX_MODULES:
         mod = importlib.import_module(mod_name)
         fixes.extend(mod.FIXES if hasattr(mod, "FIXES") else [mod.FIX])
-    return _with_version_ports(fixes)
+    return fixes
 
 
 def sglang_version() -> Optional[str]:
@@ -161,6 +162,7 @@ class Detection:
     version: Optional[str]
     variant: Optional[Variant]
     refusal: Optional[str] = None  # why no variant matched: no hook at all
+    review: bool = False  # an unreviewed tree judged as `variant` by REVIEW_AS_ENV
 
 
 def _safe(fingerprint_fn, target):
@@ -180,6 +182,12 @@ def detect(ver: Optional[str] = None, fingerprint_fn=None) -> Detection:
     ver = sglang_version() if ver is None else ver
     if ver is None:
         return Detection(None, None, "SGLang is not installed")
+    review_as = os.environ.get(REVIEW_AS_ENV)
+    if review_as:
+        v = next((v for v in VARIANTS if v.name == review_as), None)
+        if v is None:
+            return Detection(ver, None, f"{REVIEW_AS_ENV}={review_as} is not a reviewed variant")
+        return Detection(ver, v, review=True)
     candidates = [v for v in VARIANTS if v.version == ver]
     if not candidates:
         reviewed = ", ".join(v.name for v in VARIANTS)
@@ -198,7 +206,7 @@ def detect(ver: Optional[str] = None, fingerprint_fn=None) -> Detection:
 @dataclass
 class Verdict:
     fix: Fix
-    state: str
+    state: FixState
     reason: str = ""
 
 
@@ -209,25 +217,25 @@ def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:
     fingerprint_fn = fingerprint_fn or fingerprint
     d = where if isinstance(where, Detection) else detect(where, fingerprint_fn)
     if d.refusal:
-        return Verdict(fix, "refused", d.refusal)
-    port = fix.ports.get(d.variant.name)
+        return Verdict(fix, FixState.REFUSED, d.refusal)
+    port = table(d.variant.table).get(fix.name)
     idle = fix.when() if fix.when is not None else None
     if port is None:
-        return Verdict(fix, "idle", idle) if idle else Verdict(
-            fix, "refused", f"not ported to SGLang {d.variant.name}")
-    if port.state != "hooks":
+        return Verdict(fix, FixState.IDLE, idle) if idle else Verdict(
+            fix, FixState.REFUSED, f"not ported to SGLang {d.variant.name}")
+    if port.state is not FixState.ACTIVE:
         return Verdict(fix, port.state, f"{port.reason}; test {port.test or fix.test}")
     off = disabled_names()
     if fix.name in off or "all" in off:
-        return Verdict(fix, "disabled", f"disabled by {DISABLE_ENV}")
+        return Verdict(fix, FixState.DISABLED, f"disabled by {DISABLE_ENV}")
     if idle:
-        return Verdict(fix, "idle", idle)
-    for hook in port.hooks:
-        want = port.fingerprints[hook.target]
+        return Verdict(fix, FixState.IDLE, idle)
+    for hook, want in port.pins.items():
         try:
             got = fingerprint_fn(hook.target)
         except TargetNotFound as e:
-            return Verdict(fix, "refused", f"hook target missing: {e}")
-        if got != want:
-            return Verdict(fix, "refused", f"source of {hook.target} changed (fingerprint {got} != reviewed {want})")
-    return Verdict(fix, "active", f"{len(port.hooks)} hook(s)")
+            return Verdict(fix, FixState.REFUSED, f"hook target missing: {e}")
+        if got != want and not d.review:
+            return Verdict(fix, FixState.REFUSED,
+                           f"source of {hook.target} changed (fingerprint {got} != reviewed {want})")
+    return Verdict(fix, FixState.ACTIVE, f"{len(port.pins)} hook(s)")

@@ -27,13 +27,13 @@ def collect() -> dict:
     for fix in all_fixes():
         v = judge(fix, found)
         state, reason = v.state, v.reason
-        if problem and state == "active":
-            state, reason = "refused", problem
+        if problem and state is FixState.ACTIVE:
+            state, reason = FixState.REFUSED, problem
         rows.append(
-            {"name": fix.name, "family": fix.family, "state": state, "reason": reason,
+            {"name": fix.name, "family": fix.family, "state": state.value, "reason": reason,
              "test": fix.test, "reference": fix.reference}
         )
-    ok = all(r["state"] in GOOD_STATES for r in rows)
+    ok = all(FixState(r["state"]).good for r in rows)
     return {"sglang_version": found.version, "variant": found.variant.name if found.variant else None,
             "variant_problem": found.refusal, "plugin": PLUGIN_NAME, "plugin_problem": problem, "ok": ok, "fixes": rows}
 
@@ -45,5 +45,5 @@ def fixes_for_config(server_args: dict) -> list:
     for fix in all_fixes():
         v = judge(fix, found)
         needed = bool(fix.needed(server_args)) if fix.needed else False
-        out.append({"name": fix.name, "needed": needed, "state": v.state, "reason": v.reason})
+        out.append({"name": fix.name, "needed": needed, "state": v.state.value, "reason": v.reason})
     return out

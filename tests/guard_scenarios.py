@@ -1,6 +1,5 @@
-"""Seed fixes 3 and 4 (and the verify-padding-lcm draft-decode guard) as probes of real SGLang code,
-shared by every reviewed version's guards (tests/test_upstream_guards.py on 0.5.23,
-dp_scenarios_v0_5_15.py, dp_scenarios_v0_5_16.py)."""
+"""Two of sglang#26016's changes that SGLang handles itself, as probes of real SGLang code, shared by
+tests/test_upstream_guards.py (0.5.23) and dp_scenarios.py (every release)."""
 import asyncio
 import contextlib
 import time
@@ -9,7 +8,7 @@ from unittest import mock
 
 
 def verify_logits_rows() -> tuple:
-    """Seed fix 3: rows of (logits, hidden) after post_forward_mlp_sync_batch of a verify batch padded
+    """Verify-logits truncation: rows of (logits, hidden) after post_forward_mlp_sync_batch of a verify batch padded
     from 3 to 4 requests x k 4; SGLang cuts them to 3 x 4 = 12 when it handles the padding."""
     import torch
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -26,7 +25,7 @@ def verify_logits_rows() -> tuple:
 
 
 def health_generate_codes(extra_patches=()) -> tuple:
-    """Seed fix 4: /health_generate status codes for (old stamp + a reply, old stamp, fresh stamp);
+    """Heartbeat reset: /health_generate status codes for (old stamp + a reply, old stamp, fresh stamp);
     (200, 503, 503) when only a message received after the probe began counts."""
     from sglang.srt.entrypoints import http_server
     from sglang.srt.managers.tokenizer_manager import ServerStatus
@@ -53,14 +52,3 @@ def health_generate_codes(extra_patches=()) -> tuple:
             return asyncio.run(http_server.health_generate(req)).status_code
 
     return probe(0.0, True), probe(0.0, False), probe(time.time(), False)
-
-
-def ranks_agree_draft_decode(prepare) -> dict:
-    """attn_tp 2, k 3, draft decode (1 token a request, 4 requests) on a busy and an idle DP rank: both pad
-    the gathered list alike and the busy rank keeps 4 requests. `prepare` is the version's own
-    prepare_mlp_sync_batch driver."""
-    busy = prepare(4, 1, 2, "DECODE", gathered=[4, 0], dp_rank=0, server_k=3)
-    idle = prepare(0, 1, 2, "IDLE", gathered=[4, 0], dp_rank=1, server_k=3)
-    lists = [busy.global_num_tokens_cpu, idle.global_num_tokens_cpu]
-    return {"ok": lists[0] == lists[1] and busy.batch_size == 4 and busy.input_ids.shape[0] == 4,
-            "detail": f"padded lists {lists[0]} / {lists[1]} (busy / idle rank); busy rank batch_size {busy.batch_size}"}

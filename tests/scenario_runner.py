@@ -1,9 +1,9 @@
-"""Scenario scripts (`dp_scenarios*.py`): the in-process harness, and running them in fresh processes.
+"""Scenario scripts (`dp_scenarios.py`): the in-process harness, and running them in fresh processes.
 
-A scenario script registers functions with `scenario`, and calls `main(SCENARIOS, state)` when run
-as `python <script> STATE` (plugin / none / source); it prints one JSON object
-{scenario: {"ok": bool, "detail": str}}. `run_states` runs one process per state, in any
-environment's interpreter (the version matrix passes `.venvs/sglang-<variant>/bin/python`).
+A scenario script calls `main(SCENARIOS, state)` when run as `python <script> STATE` (plugin / none /
+source); it prints one JSON object {scenario: {"ok": bool, "detail": str}}. `run_states` runs one
+process per state, in any environment's interpreter (the version matrix passes
+`.venvs/sglang-<variant>/bin/python`).
 """
 import json
 import os
@@ -17,17 +17,6 @@ ROOT = HERE.parent
 MARK = "DP_SCENARIOS_JSON "
 
 
-def registry():
-    """(SCENARIOS, scenario): a dict and the decorator that fills it."""
-    scenarios = {}
-
-    def scenario(fn):
-        scenarios[fn.__name__] = fn
-        return fn
-
-    return scenarios, scenario
-
-
 def run_all(scenarios: dict) -> dict:
     out = {}
     for name, fn in scenarios.items():
@@ -39,19 +28,27 @@ def run_all(scenarios: dict) -> dict:
     return out
 
 
-def main(scenarios: dict, state: str) -> None:
+def main(scenarios: dict, state: str, meta: dict = None) -> None:
+    """Run `scenarios` in `state`: "plugin", "none", "source", or "both": stock first, then SGLang's own
+    load_plugins() in this same process (it patches the hooked targets in place) and the list again."""
     if state in ("none", "source"):
         os.environ["SGLANG_PLUGINS"] = "none"
     from sglang.srt.plugins import load_plugins
 
-    load_plugins()  # SGLang's own entry-point discovery, as in every server process
     from sglang_patches import plugin
 
+    if state == "both":
+        os.environ.pop("SGLANG_PLUGINS", None)
+        stock = run_all(scenarios)
+        stock["_meta"] = {"state": "none", "registered": list(plugin._registered), **(meta or {})}
+    load_plugins()  # SGLang's own entry-point discovery, as in every server process
     results = run_all(scenarios)
     import sglang
 
-    results["_meta"] = {"state": state, "registered": list(plugin._registered), "sglang_path": sglang.__file__}
-    print(MARK + json.dumps(results))
+    results["_meta"] = {"state": "plugin" if state == "both" else state, "registered": list(plugin._registered),
+                        "sglang_path": sglang.__file__, **(meta or {})}
+    out = {"none": stock, "plugin": results} if state == "both" else results
+    print(MARK + json.dumps(out))
 
 
 def env_python(variant: str) -> Path:
@@ -60,7 +57,8 @@ def env_python(variant: str) -> Path:
 
 
 def run_states(states, *, script="dp_scenarios.py", python=None, extra_env=None, timeout=300) -> dict:
-    """{state: results}; states run concurrently, each in its own interpreter."""
+    """{state: results}; states run concurrently, each in its own interpreter ("both": one interpreter
+    answers "none" and "plugin")."""
     procs = {}
     for state in states:
         env = dict(os.environ)
@@ -77,5 +75,6 @@ def run_states(states, *, script="dp_scenarios.py", python=None, extra_env=None,
         line = next((ln for ln in stdout.splitlines() if ln.startswith(MARK)), None)
         if p.returncode != 0 or line is None:
             raise RuntimeError(f"scenario process '{state}' failed (rc {p.returncode}):\n{stderr[-3000:]}")
-        out[state] = json.loads(line[len(MARK):])
+        got = json.loads(line[len(MARK):])
+        out.update(got if state == "both" else {state: got})
     return out

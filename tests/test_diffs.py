@@ -1,5 +1,5 @@
-"""The `git apply` diffs: each variant's set applies to its tree (0.5.23 here; 0.5.15.post1 and the
-slime-patched tree in their version-matrix environments), apply-source picks the set that fits, is
+"""The `git apply` diffs: each variant's set applies to its tree (0.5.23 here; every other reviewed
+variant in its version-matrix environment), apply-source picks the set that fits, is
 idempotent and atomic, refuses edited trees, and a patched tree passes the same regression scenarios
 with no plugin loaded."""
 import hashlib
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from scenario_runner import env_python, run_states
-from sglang_patches.diffs import patches
+from sglang_patches.diffs import patches, variants
 
 SITE_SGLANG = Path(__import__("importlib.util").util.find_spec("sglang").origin).parent
 PATCHES = patches("0.5.23")
 CLI = [sys.executable, "-m", "rollout.cli", "patches", "apply-source"]
-MATRIX = ["0.5.15.post1", "0.5.15.post1+slime", "0.5.16"]
+MATRIX = [v for v in variants() if v != "0.5.23"]
 
 
 def touched_files(variant="0.5.23"):
-    files = set()
+    files = {"_version.py"}  # apply-source prefers the diff set of the tree's own version
     for p in patches(variant):
         files |= set(re.findall(r"^\+\+\+ b/python/sglang/(\S+)$", p.read_text(), re.M))
     return sorted(files)
@@ -159,24 +159,26 @@ def patched_site(tmp_path_factory):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("variant", MATRIX)
 def test_patched_variant_tree_passes_its_scenarios_without_plugin(tmp_path, variant):
-    from test_version_matrix import MATRIX as SCRIPTS, expect
-
     site = env_site(variant)
     root = patched_copy(tmp_path, variant, site)
-    res = run_states(["source"], script=SCRIPTS[variant] + ".py", python=env_python(variant),
+    res = run_states(["source"], python=env_python(variant),
                      extra_env={"source": {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}},
                      timeout=580)["source"]
     assert res["_meta"]["registered"] == [] and res["_meta"]["sglang_path"].startswith(str(root))
-    names = [n for scen in expect(variant)["fixes"].values() for n in scen] + expect(variant)["guards"]
-    for name in names:
-        assert res[name]["ok"], f"{name}: {res[name]['detail']} {res[name].get('trace', '')}"
+    _fixed_as_with_plugin(res, variant)
+
+
+def _fixed_as_with_plugin(res, variant):
+    """Every scenario the plugin must get right on `variant` is right on the patched tree."""
+    import dp_scenarios
+
+    for name, (_, plugin_ok) in dp_scenarios.expected(variant).items():
+        if plugin_ok:
+            assert res[name]["ok"], f"{name}: {res[name]['detail']} {res[name].get('trace', '')}"
 
 
 def test_patched_tree_passes_regression_scenarios_without_plugin(patched_site):
-    from test_dp_fixes import FIX_SCENARIOS, GUARD_SCENARIOS
-
     res = run_states(["source"], extra_env={"source": {"PYTHONPATH": str(patched_site)}})["source"]
     assert res["_meta"]["registered"] == []
     assert res["_meta"]["sglang_path"].startswith(str(patched_site))
-    for name in [n for names in FIX_SCENARIOS.values() for n in names] + GUARD_SCENARIOS:
-        assert res[name]["ok"], f"{name}: {res[name]['detail']}"
+    _fixed_as_with_plugin(res, "0.5.23")

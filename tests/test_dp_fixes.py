@@ -1,45 +1,37 @@
-"""Regression tests for the DP-attention fix set, on real SGLang 0.5.23 code.
+"""Regression tests for the DP-attention fix set, on real SGLang 0.5.23 code (the main environment).
 
 Each scenario in `dp_scenarios.py` runs twice, in separate processes: with SGLang's own
-`load_plugins()` discovering our installed entry point, and with `SGLANG_PLUGINS=none`
-(stock SGLang). A fix's test requires the defect to show without the plugin and the correct
-behaviour with it. `test_diffs.py` runs the same scenarios on a tree patched by the diffs.
+`load_plugins()` discovering our installed entry point, and with `SGLANG_PLUGINS=none` (stock
+SGLang). What each must show follows from 0.5.23's port table (`dp_scenarios.expected`): a hooked
+fix's defects fail stock with their needle and pass with the plugin; everything else passes both.
+`test_version_matrix.py` runs the same list on every other release, `test_diffs.py` on patched trees.
 """
 import pytest
 
-FIX_SCENARIOS = {
-    "capturer-extent": [
-        "capturer_extent_verify_graph",
-        "capturer_extent_prefill_graph_first",
-        "capturer_extent_prefill_graph_stale_bs",
-    ],
-    "routed-experts-rows": [
-        "routed_experts_rows_verify",
-        "routed_experts_rows_prefill_graph",
-        "routed_experts_rows_unchunked",
-    ],
-    "draft-extend-real-rows": ["draft_extend_real_rows"],
-    "verify-padding-lcm": ["verify_padding_k3_attn_tp8", "verify_padding_k6_attn_tp4", "verify_padding_ranks_agree_verify"],
-}
-GUARD_SCENARIOS = [
-    "capturer_extent_eager_prefix_sum",
-    "routed_experts_rows_default",
-    "draft_extend_unpadded_untouched",
-    "verify_padding_k4_attn_tp8",
-    "verify_padding_ranks_agree_draft_decode",  # the lcm alignment leaves draft decode (1 token a request) alone
-    "capture_snapshot_overlap",  # capture-snapshot: upstream in 0.5.23 (sglang#34319)
-]
+import dp_scenarios
+
+VARIANT = "0.5.23"
+
+
+def _hooked():
+    from sglang_patches.registry import all_fixes
+    from sglang_patches.states import FixState
+
+    return [f.name for f in all_fixes() if f.family == "dp-attention" and f.ports[VARIANT].state is FixState.ACTIVE]
 
 
 def _check_fix(results, fix):
-    for name in FIX_SCENARIOS[fix]:
+    names = [n for n, (f, kind) in dp_scenarios.KIND.items() if f == fix and kind == "defect"]
+    assert names, f"{fix}: no defect scenario"
+    for name in names:
+        needle, _ = dp_scenarios.expected(VARIANT)[name]
         stock, fixed = results["none"][name], results["plugin"][name]
-        assert not stock["ok"], f"{name}: defect did not show on stock SGLang: {stock['detail']}"
+        assert not stock["ok"] and needle in stock["detail"], f"{name}: stock SGLang: {stock['detail']}"
         assert fixed["ok"], f"{name}: still wrong with the plugin: {fixed['detail']} {fixed.get('trace', '')}"
 
 
 def test_plugin_loaded_by_sglang_entry_point(dp_results):
-    assert dp_results["plugin"]["_meta"]["registered"] == list(FIX_SCENARIOS)
+    assert dp_results["plugin"]["_meta"]["registered"] == _hooked()
     assert dp_results["none"]["_meta"]["registered"] == []
 
 
@@ -85,7 +77,10 @@ def test_verify_padding_lcm_needed(tp, k, topk, needed):
     assert fix_needed(args) is needed
 
 
-@pytest.mark.parametrize("name", GUARD_SCENARIOS)
+GUARDS = [n for n, (needle, _) in dp_scenarios.expected(VARIANT).items() if needle is None]
+
+
+@pytest.mark.parametrize("name", GUARDS)
 def test_unaffected_paths_stay_correct(dp_results, name):
     for state in ("none", "plugin"):
         assert dp_results[state][name]["ok"], f"{state}: {dp_results[state][name]['detail']}"
@@ -94,10 +89,10 @@ def test_unaffected_paths_stay_correct(dp_results, name):
 def test_every_fix_has_scenarios():
     from sglang_patches.registry import all_fixes
 
-    hooked = {f.name for f in all_fixes() if f.family == "dp-attention" and f.ports["0.5.23"].state == "hooks"}
-    assert hooked == set(FIX_SCENARIOS)
+    for fix in _hooked():
+        assert fix in {f for f, kind in dp_scenarios.KIND.values() if kind == "defect"}, fix
     for fix in all_fixes():
-        if fix.name in FIX_SCENARIOS:
+        if fix.name in _hooked():
             assert fix.test == f"tests/test_dp_fixes.py::test_{fix.name.replace('-', '_')}"
 
 
@@ -105,4 +100,4 @@ def test_every_fix_has_scenarios():
 def dp_results():
     from scenario_runner import run_states
 
-    return run_states(["none", "plugin"])
+    return run_states(["both"])

@@ -30,20 +30,37 @@ def test_fingerprint_equals_inspect_getsource(target):
     assert fingerprint(target) == hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
 
 
-PENDING = set()  # variants whose ports are still being written
-
-
 def test_every_fix_has_a_port_on_every_variant():
+    names = {f.name for f in all_fixes()}
     for fix in all_fixes():
         assert fix.defect and fix.reference and fix.test
         if fix.family != "dp-attention":
             continue  # other families may leave a variant unported: idle, or refused with a reason
         for v in VARIANTS:
-            if v.name not in PENDING:
-                assert v.name in fix.ports, f"{fix.name}: no port for {v.name}"
-        for name, port in fix.ports.items():
-            assert name in {v.name for v in VARIANTS}, f"{fix.name}: port for unknown variant {name}"
-            assert {h.target for h in port.hooks} <= set(port.fingerprints), fix.name
+            assert v.name in fix.ports, f"{fix.name}: no port for {v.name}"
+    for v in VARIANTS:
+        assert set(registry.table(v.table)) <= names, f"{v.table}: ports for unknown fixes"
+
+
+def test_adding_a_variant_checklist_holds():
+    """What the registry's "Adding a variant" says each variant has: a port table, requirements and an
+    environment in MATRIX_ENVS (besides the main environment's 0.5.23), a diff set per hooked fix."""
+    from pathlib import Path
+
+    from sglang_patches.diffs import patches
+    from sglang_patches.states import FixState
+
+    root = Path(__file__).resolve().parent.parent
+    matrix = next(ln for ln in (root / "Makefile").read_text().splitlines() if ln.startswith("MATRIX_ENVS"))
+    for v in VARIANTS:
+        assert (root / "sglang_patches" / "ports" / f"{v.table}.py").exists(), v.name
+        if v.name != "0.5.23" and "+" not in v.name:
+            assert (root / "requirements" / f"sglang-{v.version}.txt").exists(), v.name
+            assert f" {v.name}" in matrix, f"{v.name} not in MATRIX_ENVS"
+        hooked = {f for f, p in registry.table(v.table).items() if p.state is FixState.ACTIVE
+                  and next(x for x in all_fixes() if x.name == f).family == "dp-attention"}
+        have = {p.name.split("-", 1)[1].removesuffix(".patch") for p in patches(v.name)}
+        assert hooked == have, f"{v.name}: hooked {sorted(hooked)}, diffs {sorted(have)}"
 
 
 def test_hookless_port_needs_a_reason():
@@ -52,7 +69,9 @@ def test_hookless_port_needs_a_reason():
     with pytest.raises(AssertionError):
         Port(state="maybe", reason="r")
     with pytest.raises(AssertionError):  # a hook without its reviewed fingerprint
-        Port(hooks=(Hook("sglang.x.f", None),))
+        Port({Hook("sglang.x.f", None): ""})
+    with pytest.raises(AssertionError):  # hooks need the active state
+        Port({Hook("sglang.x.f", None): "0123456789abcdef"}, state="upstream", reason="r")
     assert Port(state="not-needed", reason="unreachable").state == "not-needed"
 
 
@@ -62,22 +81,23 @@ def test_fix_states_on_pinned_sglang():
     assert states["dp-buffer-sizing"] == "upstream"
 
 
-def _fake_fix(pin):
+def _fake_fix(monkeypatch, target, pin):
+    """A fix named "fake" whose 0.5.23 port hooks `target`, pinned to `pin` (a table entry, as real ports)."""
+    real = registry.table
+    port = Port({Hook(target, lambda *a: None): pin})
+    monkeypatch.setattr(registry, "table", lambda name: {**real(name), "fake": port} if name == "v0_5_23" else real(name))
+    return Fix(name="fake", family="dp-attention", defect="d", reference="r", test="t")
+
+
+def test_fingerprint_mismatch_refuses_with_reason(monkeypatch):
     target = "sglang.srt.layers.dp_attention.dp_slot_in"
-    return Fix(name="fake", family="dp-attention", defect="d", reference="r", test="t",
-               ports={"0.5.23": Port(hooks=(Hook(target, lambda *a: None),), fingerprints={target: pin})})
-
-
-def test_fingerprint_mismatch_refuses_with_reason():
-    v = judge(_fake_fix("0000000000000000"), "0.5.23")
+    v = judge(_fake_fix(monkeypatch, target, "0000000000000000"), "0.5.23")
     assert v.state == "refused" and "dp_slot_in changed" in v.reason
-    assert judge(_fake_fix(fingerprint("sglang.srt.layers.dp_attention.dp_slot_in")), "0.5.23").state == "active"
+    assert judge(_fake_fix(monkeypatch, target, fingerprint(target)), "0.5.23").state == "active"
 
 
-def test_missing_target_refuses():
-    target = "sglang.srt.layers.dp_attention.no_such_fn"
-    fix = Fix(name="fake", family="dp-attention", defect="d", reference="r", test="t",
-              ports={"0.5.23": Port(hooks=(Hook(target, None),), fingerprints={target: "x"})})
+def test_missing_target_refuses(monkeypatch):
+    fix = _fake_fix(monkeypatch, "sglang.srt.layers.dp_attention.no_such_fn", "x")
     v = judge(fix, "0.5.23")
     assert v.state == "refused" and "no_such_fn" in v.reason
     with pytest.raises(TargetNotFound):
@@ -130,7 +150,7 @@ def test_plugin_logs_one_line_and_hooks_nothing_on_unknown_variant(monkeypatch, 
 
     from sglang_patches import plugin
 
-    monkeypatch.setattr(registry, "VARIANTS", (registry.Variant("0.5.23", "0.5.23", {
+    monkeypatch.setattr(registry, "VARIANTS", (registry.Variant("0.5.23", "0.5.23", "v0_5_23", {
         registry.MODEL_RUNNER_FORWARD: "0000000000000000"}),))
     monkeypatch.setattr(plugin, "_registered", [])
     registered = []

@@ -1,6 +1,6 @@
-"""Guards for seed-000 fixes 1, 3 and 4, which SGLang 0.5.23 already handles.
+"""Guards for three changes proposed in sglang#26016 that SGLang 0.5.23 already handles.
 
-These pass on stock 0.5.23 and fail if SGLang regresses, or if someone "ports" the seed fix.
+These pass on stock 0.5.23 and fail if SGLang regresses, or if someone "ports" the proposed change.
 No plugin is loaded in this process.
 """
 from types import SimpleNamespace
@@ -19,7 +19,7 @@ def _dp(monkeypatch, width, slot):
 
 
 def test_dp_buffer_sizing_guard(monkeypatch):
-    """Fix 1: with only the attn-TP gather, per-rank lists have one entry, resolved by dp_slot_in."""
+    """dp-buffer-sizing: with only the attn-TP gather, per-rank lists have one entry, resolved by dp_slot_in."""
     from sglang.srt.model_executor import forward_batch_info as fbi
 
     _dp(monkeypatch, width=4, slot=3)  # attn_dp_size 4, this process is DP rank 3
@@ -29,7 +29,7 @@ def test_dp_buffer_sizing_guard(monkeypatch):
     assert dpa.dp_slot_in([16, 8, 8, 8]) == 3
 
     # set_local_num_token_non_padded reads this rank's own count from the one-entry list.
-    # Porting the seed fix would hand it the 4-entry gathered list and it would read entry 0.
+    # Porting the proposed change would hand it the 4-entry gathered list and it would read entry 0.
     monkeypatch.setattr("sglang.srt.utils.common.require_mlp_tp_gather", lambda: False)
     monkeypatch.setattr(fbi, "_attn_tp_local_shard_bounds", lambda n, sharded: (n, 0))
     fb = SimpleNamespace(global_num_tokens_cpu=[16], global_num_token_non_padded=torch.tensor(12))
@@ -38,16 +38,16 @@ def test_dp_buffer_sizing_guard(monkeypatch):
 
     ported = SimpleNamespace(global_num_tokens_cpu=[8, 8, 8, 16], global_num_token_non_padded=torch.tensor(12))
     fbi.ForwardBatch.set_local_num_token_non_padded(ported, sharded=True)
-    assert int(ported.num_token_non_padded) == 8  # what the seed port would do: rank 0's width
+    assert int(ported.num_token_non_padded) == 8  # what the ported change would do: rank 0's width
 
 
 def test_verify_logits_truncation_guard():
-    """Fix 3: post_forward_mlp_sync_batch already cuts padded verify logits to bs * k rows."""
+    """verify-logits-truncation: post_forward_mlp_sync_batch already cuts padded verify logits to bs * k rows."""
     assert verify_logits_rows() == (12, 12)
 
 
 def test_heartbeat_reset_guard():
-    """Fix 4: /health_generate needs a message received after the probe started, so resetting
+    """heartbeat-reset: /health_generate needs a message received after the probe started, so resetting
     last_receive_tstamp before "fired up" cannot change its answer: an ancient stamp plus a reply is 200,
     an ancient or a "just reset" stamp without one is 503."""
     from sglang.srt.entrypoints import http_server

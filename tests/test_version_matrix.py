@@ -1,27 +1,27 @@
-"""The version matrix: on every extra reviewed SGLang variant, in its own environment
-(`.venvs/sglang-<variant>`, built by `scripts/setup_sglang_env.sh`), `patches status` names the
-variant and is all good, and every fix's scenarios fail on the stock tree with the specific defect
-(the needle in the scenario's detail) and pass with the plugin loaded by SGLang's `load_plugins()`.
+"""The version matrix: on every reviewed SGLang variant besides the main environment's 0.5.23, in its own
+environment (`.venvs/sglang-<variant>`, built by `scripts/setup_sglang_env.sh`), `patches status` names the
+variant and is all good, and the scenario list (tests/dp_scenarios.py, one process per state) does what
+the variant's port table says: a hooked fix's scenarios fail on the stock tree with the specific defect
+(the needle in the scenario's detail) and pass with the plugin loaded by SGLang's `load_plugins()`; guards
+pass both; a not-needed fix's defect shows in both and its reach scenarios pass.
 
 `make test` builds the environments first and lists them in SLIME_MOE_ROLLOUT_MATRIX: a listed
 environment that is missing fails; an unlisted one is skipped (e.g. the slime variant without
-SLIME_SRC). 0.5.23, the main environment's version, is covered by test_dp_fixes.py.
+SLIME_SRC). 0.5.23 is covered by test_dp_fixes.py.
 """
-import importlib
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
+import dp_scenarios
 from scenario_runner import ROOT, env_python, run_states
+from sglang_patches.registry import VARIANTS, all_fixes, table
+from sglang_patches.states import FixState
 
-# variant -> scenario script (module in tests/) whose EXPECT[variant] lists fixes and guards
-MATRIX = {
-    "0.5.15.post1": "dp_scenarios_v0_5_15",
-    "0.5.15.post1+slime": "dp_scenarios_v0_5_15",
-    "0.5.16": "dp_scenarios_v0_5_16",
-}
+MATRIX = [v.name for v in VARIANTS if v.name != "0.5.23"]
 REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())
 
 
@@ -34,12 +34,12 @@ def python_of(variant):
     return py
 
 
-def expect(variant):
-    return importlib.import_module(MATRIX[variant]).EXPECT[variant]
+def ports(variant):
+    return table(next(v for v in VARIANTS if v.name == variant).table)
 
 
-def cases(kind):
-    return [(v, fix) for v in MATRIX for fix in expect(v).get(kind, ())]
+def cases(pred):
+    return [(v, name) for v in MATRIX for name, want in dp_scenarios.expected(v).items() if pred(want)]
 
 
 _results = {}
@@ -47,8 +47,7 @@ _results = {}
 
 def results(variant):
     if variant not in _results:
-        _results[variant] = run_states(["none", "plugin"], script=MATRIX[variant] + ".py",
-                                       python=python_of(variant), timeout=600)
+        _results[variant] = run_states(["both"], python=python_of(variant), timeout=600)
     return _results[variant]
 
 
@@ -62,64 +61,81 @@ def patches_status(variant, family, **env):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", list(MATRIX))
+@pytest.mark.parametrize("variant", MATRIX)
 def test_status_names_variant_and_is_all_good(variant):
     r, report, states = patches_status(variant, "dp-attention")
     assert report["variant"] == variant, report["variant_problem"]
-    assert states == expect(variant)["states"]
+    want = {f.name: ports(variant)[f.name].state.value for f in all_fixes() if f.family == "dp-attention"}
+    assert states == want
     assert r.returncode == 0 and report["ok"], r.stderr
 
 
-# variant -> the CPU family's states in a CPU engine's process (SGLANG_USE_CPU_ENGINE=1)
-CPU_HOOKED = ("cpu-host-register", "cpu-cuda-synchronize", "cpu-eagle-attn-backend", "cpu-torch-native-fill",
-              "cpu-ep-native-moe", "cpu-gloo-scatter-gather", "cpu-gloo-stacked-allgather", "cpu-thread-binding")
-CPU_STATES = {"0.5.16": {**dict.fromkeys(CPU_HOOKED, "active"), "cpu-dp-controller-idle": "not-needed"}}
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", list(CPU_STATES))
-def test_status_with_cpu_engine_is_all_good(variant):
+@pytest.mark.parametrize("variant", MATRIX)
+def test_status_with_cpu_engine_matches_the_table(variant):
+    """In a CPU engine's process (SGLANG_USE_CPU_ENGINE=1) the CPU family is judged for real: each ported
+    fix is active (its pins are this tree's source) or hook-less as its table says, an unported one is
+    refused (status exits 1 there only), and the graph-replay fixes stay idle unless asked for."""
     r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1")
-    assert {n: s for n, s in states.items() if s != "idle"} == CPU_STATES[variant], states
-    assert r.returncode == 0 and report["ok"], r.stderr[-2000:]
+    cpu = [f for f in all_fixes() if f.family == "cpu" and not f.name.startswith("cpu-graphs-")]
+    want = {f.name: ports(variant)[f.name].state.value if f.name in ports(variant) else "refused" for f in cpu}
+    assert {n: states[n] for n in want} == want
+    assert (r.returncode == 0) == ("refused" not in want.values()), r.stderr[-2000:]
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant", list(MATRIX))
+@pytest.mark.parametrize("variant", MATRIX)
 def test_plugin_registers_the_variant_fixes(variant):
     res = results(variant)
-    assert res["plugin"]["_meta"]["registered"] == expect(variant)["registered"]
+    hooked = [f.name for f in all_fixes() if f.name in ports(variant) and ports(variant)[f.name].state is FixState.ACTIVE
+              and f.when is None]
+    assert res["plugin"]["_meta"]["registered"] == hooked
     assert res["none"]["_meta"]["registered"] == []
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant,fix", cases("fixes"))
-def test_fix_on_variant(variant, fix):
+@pytest.mark.parametrize("variant,scenario", cases(lambda want: want[0] is not None and want[1]))
+def test_fix_on_variant(variant, scenario):
     res = results(variant)
-    for name, needle in expect(variant)["fixes"][fix].items():
-        stock, fixed = res["none"][name], res["plugin"][name]
-        assert not stock["ok"] and needle in stock["detail"], f"{name}: stock SGLang {variant}: {stock}"
-        assert fixed["ok"], f"{name}: still wrong with the plugin: {fixed}"
+    needle = dp_scenarios.expected(variant)[scenario][0]
+    stock, fixed = res["none"][scenario], res["plugin"][scenario]
+    assert not stock["ok"] and needle in stock["detail"], f"stock SGLang {variant}: {stock}"
+    assert fixed["ok"], f"still wrong with the plugin: {fixed}"
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant,guard", cases("guards"))
-def test_guard_on_variant(variant, guard):
+@pytest.mark.parametrize("variant,scenario", cases(lambda want: want[0] is None))
+def test_guard_on_variant(variant, scenario):
     res = results(variant)
     for state in ("none", "plugin"):
-        assert res[state][guard]["ok"], f"{state}: {res[state][guard]}"
+        assert res[state][scenario]["ok"], f"{state}: {res[state][scenario]}"
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant,scenario", cases("latent"))
+@pytest.mark.parametrize("variant,scenario", cases(lambda want: want[0] is not None and not want[1]))
 def test_latent_defect_on_variant(variant, scenario):
-    """A defect shape that no supported configuration reaches (a `not-needed` fix, its guards say
-    why): it shows with and without the plugin, with the specific error."""
+    """A defect that no supported configuration reaches (a `not-needed` fix; its reach scenarios say why):
+    it shows with and without the plugin, with the specific error."""
     res = results(variant)
-    needle = expect(variant)["latent"][scenario]
+    needle = dp_scenarios.expected(variant)[scenario][0]
     for state in ("none", "plugin"):
         got = res[state][scenario]
         assert not got["ok"] and needle in got["detail"], f"{state}: {got}"
+
+
+def test_unreviewed_version_gets_one_line_and_no_hook():
+    """0.5.14 (never reviewed): the plugin logs one line and registers nothing."""
+    code = ("import logging, sys; from unittest import mock; from sglang_patches import plugin, registry; "
+            "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s'); "
+            "from sglang.srt.plugins.hook_registry import HookRegistry; "
+            "reg = mock.patch.object(HookRegistry, 'register', side_effect=AssertionError('hooked')); reg.start(); "
+            "mock.patch.object(registry, 'sglang_version', lambda: '0.5.14').start(); print(plugin.register())")
+    r = subprocess.run([sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert lines[-1] == "[]" and len(lines) == 2, lines
+    assert lines[0].startswith("slime-moe-rollout: no fixes applied: SGLang 0.5.14 is not a reviewed version")
 
 
 @pytest.mark.parametrize("args,env,needle", [

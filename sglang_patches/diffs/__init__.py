@@ -68,11 +68,24 @@ def plan(sglang_dir: str, variant: str) -> list:
     return out
 
 
+def tree_version(sglang_dir: str):
+    """The version a wheel's tree records (`sglang/_version.py`), or None (a checkout, a partial tree)."""
+    import re
+
+    root, strip = layout(sglang_dir)
+    f = root / ("python/sglang" if strip == 1 else "sglang") / "_version.py"
+    m = re.search(r"^__version__ = (?:version = )?['\"]([^'\"]+)['\"]", f.read_text(), re.M) if f.is_file() else None
+    return m.group(1) if m else None
+
+
 def choose(sglang_dir: str, wanted=None) -> tuple:
-    """(variant, plan) of the first diff set that fits the tree; `wanted` narrows to a version or variant."""
+    """(variant, plan) of the first diff set that fits the tree, those of the tree's own version first
+    (several releases share identical diffs); `wanted` narrows to a version or variant."""
     names = [n for n in variants() if wanted in (None, n, n.split("+")[0])]
     if not names:
         patches(wanted)  # raises: no diffs for it
+    own = tree_version(sglang_dir)
+    names.sort(key=lambda n: n.split("+")[0] != own)  # stable: VARIANTS order within each group
     root, _ = layout(sglang_dir)
     misfits = []
     for name in names:

@@ -12,7 +12,7 @@ buffer; a BEFORE hook records it on the forward batch, and an AROUND hook on
 `BaseTopkCapturer.on_forward_end` passes that extent (token units) when a graph ran and None
 on the eager / split-prefill path (prefix-sum layout).
 
-Seed: 004 (sglang PR #31100, issue #30712); fix map §E and §H1.
+Upstream: sglang#31100 (open), sglang#30712.
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -49,6 +49,10 @@ def use_executed_extent(original, *args, **kwargs):
     return original(*args, **a)
 
 
+RECORD_EXTENT = Hook(FILL_FROM, record_extent, "before")
+EXECUTED_EXTENT = Hook(ON_FORWARD_END, use_executed_extent)
+
+
 def needed(server_args: dict) -> bool:
     a2a = server_args.get("moe_a2a_backend") or "none"
     return bool(
@@ -66,18 +70,7 @@ FIX = Fix(
         "prefill-graph replays crash (None) or use a stale value, and EAGLE-verify replays slice DP "
         "ranks > 0 with a request stride instead of a token stride. Routed experts are wrong or crash."
     ),
-    reference="seed 004 (sglang#31100, sglang#30712); fix map §E, §H1",
-    versions=("0.5.23",),
+    reference="sglang#31100, sglang#30712",
     test="tests/test_dp_fixes.py::test_capturer_extent",
-    hooks=(
-        Hook(FILL_FROM, record_extent, "before"),
-        Hook(ON_FORWARD_END, use_executed_extent, "around"),
-    ),
-    fingerprints={
-        "0.5.23": {
-            FILL_FROM: "c217bd61336be489",
-            ON_FORWARD_END: "e289e633c1082b48",
-        }
-    },
     needed=needed,
 )

@@ -13,7 +13,12 @@ largest of the chunked-prefill size (or the context length when unchunked), the 
 buckets, and max-running-requests / decode-graph batch sizes times the draft-token count,
 aligned to lcm(attn_tp_size, draft tokens), times the number of DP ranks.
 
-References: sglang#31116, sglang#26860, fix map §F, §G, §H4.
+Releases read the sizing inputs from different places: 0.5.18+ from the runtime context's config
+bags (`grow_buffer`, `grow_buffer_dp_size`), 0.5.16 from the published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1
+from the global server args (`grow_buffer_global_args`); the prefill-graph buckets are
+`cuda_graph_config.prefill.bs` as given.
+
+Upstream: sglang#31116 (closed as inactive), sglang#26860.
 """
 import math
 
@@ -53,15 +58,15 @@ def _graph_sizes():
     return tuple(prefill), tuple(decode)
 
 
-def grow_buffer(original, *args, **kwargs):
-    """AROUND RoutedExpertsCapturer.__init__: build as SGLang does, then grow a short buffer."""
+def _grow_from_bags(original, args, kwargs, num_dp_ranks):
+    """Build the capturer as SGLang does, then grow a short buffer; the sizing inputs come from the
+    runtime context's config bags, the DP width from `num_dp_ranks(parallel)`."""
     from sglang.srt import runtime_context
     from sglang.srt.state_capturer import routed_experts as re_mod
 
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
-    self = a["self"]
     parallel = re_mod.get_parallel()
     schedule = re_mod.get_schedule()
     prefill_tokens, decode_bs = _graph_sizes()
@@ -69,14 +74,24 @@ def grow_buffer(original, *args, **kwargs):
         chunked_prefill_size=schedule.chunked_prefill_size,
         context_len=getattr(a["model_config"], "context_len", 0) or getattr(schedule, "max_prefill_tokens", 0),
         max_running_requests=a["max_running_requests"],
-        num_dp_ranks=parallel.num_dp_ranks,
+        num_dp_ranks=num_dp_ranks(parallel),
         attn_tp_size=parallel.attn_tp_size if re_mod.is_dp_attention_enabled() else 1,
         prefill_graph_tokens=prefill_tokens,
         decode_graph_bs=decode_bs,
         draft_tokens=runtime_context.max_speculative_num_draft_tokens(),
     )
-    regrow(self, need, a["device"])
+    regrow(a["self"], need, a["device"])
     return None
+
+
+def grow_buffer(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ (0.5.22+: `ParallelContext.num_dp_ranks`)."""
+    return _grow_from_bags(original, args, kwargs, lambda parallel: parallel.num_dp_ranks)
+
+
+def grow_buffer_dp_size(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ (0.5.18 ... 0.5.21: the DP width is `ParallelContext.dp_size`)."""
+    return _grow_from_bags(original, args, kwargs, lambda parallel: parallel.dp_size)
 
 
 def regrow(capturer, need: int, device) -> None:
@@ -98,6 +113,68 @@ def regrow(capturer, need: int, device) -> None:
         )
 
 
+def _server_args_graph_sizes(server_args):
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    cfg = server_args.cuda_graph_config
+    on = lambda phase: phase.backend != Backend.DISABLED and phase.bs  # noqa: E731
+    return tuple(cfg.prefill.bs) if on(cfg.prefill) else (), tuple(cfg.decode.bs) if on(cfg.decode) else ()
+
+
+def _server_args_draft_tokens(server_args):
+    if not server_args.speculative_algorithm:
+        return None
+    return max(server_args.speculative_num_draft_tokens or 1,
+               getattr(server_args, "max_speculative_num_draft_tokens", None) or 1)
+
+
+def _grow_from_server_args(original, args, kwargs, server_args, attn_tp_size):
+    """Build the capturer as SGLang does, then grow a short buffer; `server_args()` and
+    `attn_tp_size()` read the release's published settings (`dp_size` is the DP width)."""
+    from sglang.srt.state_capturer import routed_experts as re_mod
+
+    bound = bind(original, *args, **kwargs)
+    original(*bound.args, **bound.kwargs)
+    a = bound.arguments
+    sa = server_args()
+    dp_attention = re_mod.is_dp_attention_enabled()
+    prefill_tokens, decode_bs = _server_args_graph_sizes(sa)
+    need = rows_needed(
+        chunked_prefill_size=sa.chunked_prefill_size,
+        context_len=getattr(a["model_config"], "context_len", 0),
+        max_running_requests=a["max_running_requests"],
+        num_dp_ranks=sa.dp_size if dp_attention else 1,
+        attn_tp_size=attn_tp_size() if dp_attention else 1,
+        prefill_graph_tokens=prefill_tokens,
+        decode_graph_bs=decode_bs,
+        draft_tokens=_server_args_draft_tokens(sa),
+    )
+    regrow(a["self"], need, a["device"])
+    return None
+
+
+def grow_buffer_global_args(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ where it reads `get_global_server_args()` (0.5.15.post1)."""
+    from sglang.srt.state_capturer import routed_experts as re_mod
+
+    return _grow_from_server_args(original, args, kwargs, lambda: re_mod.get_global_server_args(),
+                                  lambda: re_mod.get_attention_tp_size())
+
+
+def grow_buffer_published_args(original, *args, **kwargs):
+    """AROUND RoutedExpertsCapturer.__init__ where it reads the runtime context's `get_server_args()` (0.5.16)."""
+    from sglang.srt.state_capturer import routed_experts as re_mod
+
+    return _grow_from_server_args(original, args, kwargs, lambda: re_mod.get_server_args(),
+                                  lambda: re_mod.get_parallel().attn_tp_size)
+
+
+GROW = Hook(TARGET, grow_buffer)
+GROW_DP_SIZE = Hook(TARGET, grow_buffer_dp_size)
+GROW_GLOBAL_ARGS = Hook(TARGET, grow_buffer_global_args)
+GROW_PUBLISHED_ARGS = Hook(TARGET, grow_buffer_published_args)
+
+
 def needed(server_args: dict) -> bool:
     return bool(server_flag(server_args, "enable_return_routed_experts", False))
 
@@ -110,10 +187,7 @@ FIX = Fix(
         "chunked_prefill_size=-1, so capture overflows it under DP attention + speculative decoding. "
         "SGLang crashes at graph capture or at run time."
     ),
-    reference="sglang#31116, sglang#26860; fix map §F, §G, §H4",
-    versions=("0.5.23",),
+    reference="sglang#31116, sglang#26860",
     test="tests/test_dp_fixes.py::test_routed_experts_rows",
-    hooks=(Hook(TARGET, grow_buffer, "around"),),
-    fingerprints={"0.5.23": {TARGET: "40d769cb2c2c22a1"}},
     needed=needed,
 )

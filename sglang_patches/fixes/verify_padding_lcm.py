@@ -29,7 +29,7 @@ The first version aligned every speculative batch to the server-wide k, draft de
 included: 4 requests padded to 6 rows, more than that registry holds (`The size of tensor a (4)
 must match the size of tensor b (6)` in fill_from, configuration (c), 8 running requests).
 
-Reference: fix map §H2 (found while reading seed 000's fix 2 against 0.5.23).
+Found while reading sglang#26016's second change against 0.5.23.
 """
 import math
 
@@ -70,6 +70,9 @@ def align_to_whole_requests(self, *args, **kwargs):
     return None
 
 
+ALIGN = Hook(TARGET, align_to_whole_requests, "before")
+
+
 def needed(server_args: dict) -> bool:
     tp = server_flag(server_args, "tp_size", 1)
     dp = server_flag(server_args, "dp_size", 1)
@@ -89,10 +92,7 @@ FIX = Fix(
         "(draft tokens) that neither divides nor is a multiple of it leaves a partial request of padding "
         "rows. Verify and draft-extend attention then see more rows than they planned and crash."
     ),
-    reference="fix map §H2 (seed 000 fix 2 context)",
-    versions=("0.5.23",),
+    reference="found reading sglang#26016 against 0.5.23",
     test="tests/test_dp_fixes.py::test_verify_padding_lcm",
-    hooks=(Hook(TARGET, align_to_whole_requests, "before"),),
-    fingerprints={"0.5.23": {TARGET: "314a988fac1c4001"}},
     needed=needed,
 )

@@ -6,7 +6,6 @@ embedding and lm_head with the draft model) ends with `torch.cuda.synchronize()`
 
 Fix: AROUND `set_embed_and_head`: without CUDA, run it with `torch.cuda.synchronize` as a no-op
 (nothing to synchronize); the original body runs unchanged.
-Reference: cpu-moe-eagle-dpattn.md Q3 blocker 2 (patch "cudasync").
 """
 import threading
 
@@ -36,6 +35,8 @@ def without_cuda_sync(original, *args, **kwargs):
             torch.cuda.synchronize = saved
 
 
+NO_SYNC = Hook(TARGET, without_cuda_sync, "around")
+
 FIX = Fix(
     name="cpu-cuda-synchronize",
     family="cpu",
@@ -43,10 +44,7 @@ FIX = Fix(
         "Glm4MoeForCausalLM.set_embed_and_head calls torch.cuda.synchronize() without checking for CUDA. "
         "NEXTN/EAGLE on a CPU engine crashes while the draft model takes over the target's lm_head."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q3 blocker 2 (cudasync)",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-cuda-synchronize]",
-    hooks=(Hook(TARGET, without_cuda_sync, "around"),),
-    fingerprints={"0.5.23": {TARGET: "3438d8ef569c0d5f"}},
     when=cpu_idle_reason,
 )

@@ -10,10 +10,10 @@ whose non-blocking receive first waits (zmq poll, up to 1 s, as `IdleSleeper`) f
 message ends the wait at once; an idle loop turns once a second (the soft watchdog is fed each turn).
 Without the flag the loop runs unchanged.
 
-Variants: 0.5.15.post1 (+slime) and 0.5.16 have the same `event_loop` (same fingerprint), but their
-DP controller process (spawned) never calls `load_plugins()`, so no plugin hook can reach it there.
+Releases up to 0.5.16 have the same `event_loop` (same fingerprint), but their DP controller process
+(spawned) never calls `load_plugins()`, so no plugin hook can reach it there (not-needed).
 """
-from sglang_patches.registry import Fix, Hook, Port
+from sglang_patches.registry import Fix, Hook
 
 from . import cpu_idle_reason
 
@@ -22,7 +22,6 @@ CONTROLLER_PROCESS = "sglang.srt.managers.data_parallel_controller.run_data_para
 POLL_MS = 1000  # SGLang's IdleSleeper.maybe_sleep waits as long
 EVENT_LOOP_PIN = "bc008a8481258e79"  # the same source on 0.5.23, 0.5.16 and 0.5.15.post1 (+slime)
 TEST = "tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-dp-controller-idle]"
-GUARD = "tests/test_cpu_fixes.py::test_dp_controller_idle_unreachable_on_older_variants"
 
 
 class WaitingSocket:
@@ -56,10 +55,7 @@ def sleep_when_idle(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
-_UNREACHABLE = Port(
-    state="not-needed", test=GUARD,
-    reason=f"the busy-poll is there (event_loop {EVENT_LOOP_PIN}), but this SGLang spawns its DP controller "
-           "process without load_plugins(), so no plugin hook reaches it; DP-attention CPU engines run on 0.5.23")
+SLEEP_WHEN_IDLE = Hook(TARGET, sleep_when_idle, "around")
 
 FIX = Fix(
     name="cpu-dp-controller-idle",
@@ -68,10 +64,7 @@ FIX = Fix(
         "DataParallelController.event_loop spins on a non-blocking recv and ignores --sleep-on-idle. An idle "
         "DP-attention engine keeps one core busy in its DP controller (60-92% measured) while its schedulers sleep."
     ),
-    reference="issue 13 item 5 (idle engines must not burn the machine)",
+    reference="found measuring idle CPU engines",
     test=TEST,
-    hooks=(Hook(TARGET, sleep_when_idle, "around"),),
-    fingerprints={"0.5.23": {TARGET: EVENT_LOOP_PIN}},
-    ports={v: _UNREACHABLE for v in ("0.5.15.post1", "0.5.15.post1+slime", "0.5.16")},
     when=cpu_idle_reason,
 )

@@ -10,7 +10,6 @@ Fix: AROUND that pass: keep `intel_amx` on CPU when speculative decoding is conf
 loaded `sgl_kernel` is our CPU substitute; otherwise SGLang decides (plain runs keep falling
 back to torch_native, which is faster than the substitute's per-request attention). Linear/MoE layers keep their own (module-level) AMX
 checks, so they stay on the torch paths.
-Reference: cpu-moe-eagle-dpattn.md Q3 blocker 3 (patch "amxattn").
 """
 import logging
 
@@ -43,6 +42,8 @@ def keep_intel_amx(original, view, *args, **kwargs):
     return original(view, *args, **kwargs)
 
 
+KEEP_AMX = Hook(TARGET, keep_intel_amx, "around")
+
 FIX = Fix(
     name="cpu-eagle-attn-backend",
     family="cpu",
@@ -50,10 +51,7 @@ FIX = Fix(
         "On CPU only the intel_amx attention backend supports EAGLE/NEXTN, but SGLang rewrites it to "
         "torch_native on CPUs without AMX. Speculative decoding then refuses to start."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q3 blocker 3 (amxattn)",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-eagle-attn-backend]",
-    hooks=(Hook(TARGET, keep_intel_amx, "around"),),
-    fingerprints={"0.5.23": {TARGET: "3079ae037f4ed53b"}},
     when=cpu_idle_reason,
 )

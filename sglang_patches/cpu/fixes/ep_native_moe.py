@@ -8,7 +8,6 @@ duplicate ids in a row collapse in that `scatter_` and the token/expert shapes d
 Fix: AROUND `moe_forward_native`: give every -1 slot a local expert that does not already
 occur in that token's row, with weight 0, so the rows stay duplicate-free and the extra
 experts contribute nothing. Needs top-k <= local experts (else a one-line error).
-Reference: cpu-moe-eagle-dpattn.md Q4 step 3 (patch "epnative").
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -47,6 +46,8 @@ def ep_local_ids(original, layer, x, topk_output, *args, **kwargs):
     return original(layer, x, topk_output, *args, **kwargs)
 
 
+LOCAL_IDS = Hook(TARGET, ep_local_ids, "around")
+
 FIX = Fix(
     name="cpu-ep-native-moe",
     family="cpu",
@@ -54,10 +55,7 @@ FIX = Fix(
         "Under expert parallelism non-local experts arrive as id -1, which the CPU MoE path "
         "moe_forward_native cannot index. Every EP run on CPU crashes in its first MoE layer."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q4 (epnative)",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-ep-native-moe]",
-    hooks=(Hook(TARGET, ep_local_ids, "around"),),
-    fingerprints={"0.5.23": {TARGET: "53b7e13072dbf344"}},
     when=cpu_idle_reason,
 )

@@ -29,6 +29,8 @@ def flat_output(original, self, output, input, *args, **kwargs):
     return original(self, output, input, *args, **kwargs)
 
 
+FLAT_OUTPUT = Hook(TARGET, flat_output, "around")
+
 FIX = Fix(
     name="cpu-gloo-stacked-allgather",
     family="cpu",
@@ -37,9 +39,6 @@ FIX = Fix(
         "output, which gloo rejects. DP attention with attn_tp 2 on CPU crashes on its first decode."
     ),
     reference="found running configuration (c) on CPU (logits_processor._gather_attn_tp_logits)",
-    versions=("0.5.23",),
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-gloo-stacked-allgather]",
-    hooks=(Hook(TARGET, flat_output, "around"),),
-    fingerprints={"0.5.23": {TARGET: "6c3b3198a56c4901"}},
     when=cpu_idle_reason,
 )

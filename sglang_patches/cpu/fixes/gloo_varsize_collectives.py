@@ -7,7 +7,6 @@ On CPU (gloo) it is not usable, so DP attention with `--enable-dp-lm-head` or EP
 Fix: AROUND both, only for CPU tensors: reduce_scatterv uses SGLang's own all_reduce + slice
 path (`_deterministic_reduce_scatterv`); all_gatherv pads every rank's rows to the largest size,
 runs `torch.distributed.all_gather` on the gloo device group and strips the padding.
-Reference: cpu-moe-eagle-dpattn.md Q4 step 3 (patch "gloov").
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -68,6 +67,9 @@ def all_gatherv_cpu(original, self, input_, sizes=None, output=None):
     return results
 
 
+REDUCE_SCATTERV_CPU = Hook(REDUCE_SCATTERV, reduce_scatterv_cpu, "around")
+ALL_GATHERV_CPU = Hook(ALL_GATHERV, all_gatherv_cpu, "around")
+
 FIX = Fix(
     name="cpu-gloo-scatter-gather",
     family="cpu",
@@ -75,10 +77,7 @@ FIX = Fix(
         "GroupCoordinator.reduce_scatterv and all_gatherv only work through pynccl. On CPU (gloo) DP attention "
         "with dp-lm-head or EP crashes on the first forward."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q4 (gloov)",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-gloo-scatter-gather]",
-    hooks=(Hook(REDUCE_SCATTERV, reduce_scatterv_cpu, "around"), Hook(ALL_GATHERV, all_gatherv_cpu, "around")),
-    fingerprints={"0.5.23": {REDUCE_SCATTERV: "a26ecd35d9794ff2", ALL_GATHERV: "b78c06194cca196a"}},
     when=cpu_idle_reason,
 )

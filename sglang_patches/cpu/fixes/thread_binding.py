@@ -7,7 +7,6 @@ attention with tp 2) dies at start-up with that assertion.
 Fix: AROUND `init_threads_binding`: when the variable is unset and there are more ranks than
 nodes, split the nodes' CPUs evenly among the ranks (ranks share CPUs round-robin when there
 are fewer CPUs than ranks) and set the variable in this process before SGLang reads it.
-Reference: cpu-moe-eagle-dpattn.md Q4 step 1.
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -51,6 +50,8 @@ def bind_ranks_on_shared_nodes(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
+BIND = Hook(TARGET, bind_ranks_on_shared_nodes, "around")
+
 FIX = Fix(
     name="cpu-thread-binding",
     family="cpu",
@@ -58,10 +59,7 @@ FIX = Fix(
         "Without SGLANG_CPU_OMP_THREADS_BIND, SGLang's CPU engine gives each rank a whole NUMA node and asserts "
         "ranks <= nodes. Any multi-rank CPU run (DP attention, tp 2) on a one-node machine dies at start-up."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q4 step 1",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-thread-binding]",
-    hooks=(Hook(TARGET, bind_ranks_on_shared_nodes, "around"),),
-    fingerprints={"0.5.23": {TARGET: "907397afc037cbed"}},
     when=cpu_idle_reason,
 )

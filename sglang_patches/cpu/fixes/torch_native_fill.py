@@ -7,7 +7,6 @@ first forward with torch_native kills every rank with an AttributeError.
 
 Fix: AFTER `TorchNativeAttnBackend.__init__`: give the instance that method when its class has
 none, returning 1 like the intel_amx backend (a padded row attends to one token).
-Reference: cpu-moe-eagle-dpattn.md Q4 step 2 (patch "tnfill").
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -27,6 +26,8 @@ def add_fill_value(result, self, *args, **kwargs):
     return None
 
 
+ADD_FILL = Hook(TARGET, add_fill_value, "after")
+
 FIX = Fix(
     name="cpu-torch-native-fill",
     family="cpu",
@@ -34,10 +35,7 @@ FIX = Fix(
         "TorchNativeAttnBackend has no get_cpu_graph_seq_len_fill_value, which batch padding calls on CPU. "
         "The first forward under DP attention with the torch_native backend crashes every rank."
     ),
-    reference="cpu-moe-eagle-dpattn.md Q4 (tnfill)",
-    versions=("0.5.23",),
+    reference="found running SGLang on CPU (MoE, EAGLE, DP attention)",
     test="tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-torch-native-fill]",
-    hooks=(Hook(TARGET, add_fill_value, "after"),),
-    fingerprints={"0.5.23": {TARGET: "681e6d1c8d8ac744"}},
     when=cpu_idle_reason,
 )

@@ -8,7 +8,6 @@ eager-replay backend (`backend.EagerReplayBackend`): capture records the forward
 its output, replay re-runs it on the runner's static, padded buffers.
 Pick the buckets with SGLang's own flag, e.g.
 `--cuda-graph-config '{"decode":{"backend":"full","bs":[1,2,4]},"prefill":{"backend":"full","bs":[16,32]}}'`.
-Reference: cpu-graph-runners.md.
 
 0.5.15.post1 (read, not ported): the same runner/backend split (`runner/`, `runner_backend/utils.py`
 resolve_decode_backend / resolve_prefill_backend, out_graph metadata prep, the prefill runner's

@@ -45,6 +45,10 @@ def eager_metadata(original, self, forward_batch, *args, **kwargs):
     return original(self, forward_batch, *args, **kwargs)
 
 
+NO_STATE = Hook(STATE, no_graph_state, "around")
+FILL_HOOK = Hook(FILL, seq_len_fill, "around")
+EAGER_METADATA = Hook(OUT_GRAPH, eager_metadata, "around")
+
 FIX = Fix(
     name="cpu-graphs-attn-backend",
     family="cpu",
@@ -52,14 +56,7 @@ FIX = Fix(
         "The CPU attention backends (torch_native, intel_amx) implement none of the graph-runner hooks: "
         "init_cuda_graph_state and get_cuda_graph_seq_len_fill_value raise, and replays would keep stale metadata."
     ),
-    reference="cpu-graph-runners.md item 4",
-    versions=("0.5.23",),
+    reference="found running SGLang's graph runners on CPU",
     test="tests/test_cpu_graphs.py::test_decode_graph_one_rank_equals_eager",
-    hooks=(
-        Hook(STATE, no_graph_state, "around"),
-        Hook(FILL, seq_len_fill, "around"),
-        Hook(OUT_GRAPH, eager_metadata, "around"),
-    ),
-    fingerprints={"0.5.23": {STATE: "bf6580225eeb7cc7", FILL: "f7efe5e1ce080f78", OUT_GRAPH: "3cc5c7014b95a738"}},
     when=graphs_idle_reason,
 )

@@ -56,6 +56,9 @@ def cuda_graph_modes(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+BUILD_DECODE_RUNNER = Hook(CAPTURE, build_decode_runner, "around")
+GRAPH_MODES = Hook(MODE, cuda_graph_modes, "around")
+
 FIX = Fix(
     name="cpu-graphs-decode-runner",
     family="cpu",
@@ -64,10 +67,7 @@ FIX = Fix(
         "DP attention and speculative decoding), and dispatches DECODE batches only to it. The CUDA runner's "
         "decode/verify replay logic never runs on CPU; under DP an IDLE rank would run eagerly beside a replaying peer."
     ),
-    reference="cpu-graph-runners.md items 1 and 10",
-    versions=("0.5.23",),
+    reference="found running SGLang's graph runners on CPU",
     test="tests/test_cpu_graphs.py::test_decode_graph_one_rank_equals_eager",
-    hooks=(Hook(CAPTURE, build_decode_runner, "around"), Hook(MODE, cuda_graph_modes, "around")),
-    fingerprints={"0.5.23": {CAPTURE: "98b24a36e0212367", MODE: "c7880625d0ba90ef"}},
     when=graphs_idle_reason,
 )

@@ -28,6 +28,8 @@ def keep_graph_config(original, server_args, *args, **kwargs):
     return out
 
 
+KEEP_GRAPH_CONFIG = Hook(TARGET, keep_graph_config, "around")
+
 FIX = Fix(
     name="cpu-graphs-config",
     family="cpu",
@@ -35,10 +37,7 @@ FIX = Fix(
         "Server-argument resolution disables decode and prefill graphs whenever the attention backend is "
         "torch_native. A CPU engine can then never run SGLang's graph runners, whatever --cuda-graph-config says."
     ),
-    reference="cpu-graph-runners.md item 2",
-    versions=("0.5.23",),
+    reference="found running SGLang's graph runners on CPU",
     test="tests/test_cpu_graphs.py::test_graph_config_kept",
-    hooks=(Hook(TARGET, keep_graph_config, "around"),),
-    fingerprints={"0.5.23": {TARGET: "cadd45a5529970fa"}},
     when=graphs_idle_reason,
 )

@@ -21,6 +21,8 @@ def keep_unavailable_off(original, self, enable=None, *args, **kwargs):
     return original(self, enable, *args, **kwargs)
 
 
+KEEP_OFF = Hook(TARGET, keep_unavailable_off, "around")
+
 FIX = Fix(
     name="cpu-graphs-pynccl-state",
     family="cpu",
@@ -28,10 +30,7 @@ FIX = Fix(
         "Graph capture enables the PyNccl communicator whenever it exists, even when it is unavailable. "
         "On CPU, collectives inside a DP-attention capture then call NCCL and crash."
     ),
-    reference="cpu-graph-runners.md item 6",
-    versions=("0.5.23",),
+    reference="found running SGLang's graph runners on CPU",
     test="tests/test_cpu_graphs.py::test_unavailable_pynccl_stays_off_in_capture",
-    hooks=(Hook(TARGET, keep_unavailable_off, "around"),),
-    fingerprints={"0.5.23": {TARGET: "c6b3a7c9e2c18d9e"}},
     when=graphs_idle_reason,
 )

@@ -31,6 +31,10 @@ def cpu_device_module(result, self, *args, **kwargs):
     return None
 
 
+DECODE_BACKEND = Hook(DECODE, replay_backend, "around")
+PREFILL_BACKEND = Hook(PREFILL, replay_backend, "around")
+DEVICE_MODULE = Hook(RUNNER_INIT, cpu_device_module, "after")
+
 FIX = Fix(
     name="cpu-graphs-replay-backend",
     family="cpu",
@@ -38,14 +42,7 @@ FIX = Fix(
         "SGLang's graph runners capture through torch.cuda.CUDAGraph, a CUDA graph pool and a device module "
         "with stream-capture queries. None of these exist on CPU, so no runner can capture or replay there."
     ),
-    reference="cpu-graph-runners.md items 3 and 5",
-    versions=("0.5.23",),
+    reference="found running SGLang's graph runners on CPU",
     test="tests/test_cpu_graphs.py::test_decode_graph_one_rank_equals_eager",
-    hooks=(
-        Hook(DECODE, replay_backend, "around"),
-        Hook(PREFILL, replay_backend, "around"),
-        Hook(RUNNER_INIT, cpu_device_module, "after"),
-    ),
-    fingerprints={"0.5.23": {DECODE: "29a030e3c164d133", PREFILL: "bd53dc563d9a5033", RUNNER_INIT: "efbd44b158aa651b"}},
     when=graphs_idle_reason,
 )

@@ -1,0 +1,60 @@
+"""SGLang 0.5.15.post1: the stock wheel and slime's image (the wheel + slime's patches), one table.
+
+slime's patches change none of the hooked functions (same fingerprints on both); the variants are told
+apart by `ModelRunner.forward` (registry.VARIANTS). No real-rows path for padded extends: draft extend
+is hooked on `RadixAttention.forward`; the capturer sizing reads the global server args.
+"""
+from sglang_patches.cpu.fixes import (cuda_synchronize as cs, dp_controller_idle as dci, eagle_attention_backend as eab,
+                                      ep_native_moe as epm, gloo_stacked_allgather as gsa,
+                                      gloo_varsize_collectives as gvc, host_register as hr, torch_native_fill as tnf)
+from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as ce, draft_extend_real_rows as de,
+                                  routed_experts_rows as rer, verify_padding_lcm as vpl)
+from sglang_patches.registry import Port
+from sglang_patches.states import FixState
+
+from . import v0_5_23
+
+MATRIX = "tests/test_version_matrix.py"
+FIX_TEST, GUARD_TEST = f"{MATRIX}::test_fix_on_variant", f"{MATRIX}::test_guard_on_variant"
+ENGINE_TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers"
+
+CAPTURER_EXTENT = Port({ce.RECORD_EXTENT: "d51386f193d20925", ce.EXECUTED_EXTENT: "fd77ad70640d5781"}, test=FIX_TEST)
+CAPTURE_SNAPSHOT = Port({snap.SNAPSHOT: "fd77ad70640d5781"}, test=FIX_TEST)
+DP_BUFFER_SIZING = Port(state=FixState.NOT_NEEDED, test=GUARD_TEST, reason=(
+    "no dp_slot_in: one-entry per-rank lists are indexed by DP rank (IndexError), but no supported "
+    "configuration reads one: with moe_a2a_backend none the MLP TP gather keeps full lists; with deepep + "
+    "moe_dense_tp 1 + dp-lm-head every layer stays scattered, the logits DP gather is off and the capturer "
+    "takes its deepep slice"))
+VERIFY_LOGITS = Port(state=FixState.UPSTREAM, test=GUARD_TEST,
+                     reason="post_forward_mlp_sync_batch truncates padded verify logits")
+HEARTBEAT = Port(state=FixState.UPSTREAM, test=GUARD_TEST, reason="/health_generate needs a message newer than the probe")
+DP_CONTROLLER_UNREACHABLE = Port(state=FixState.NOT_NEEDED, test=(
+    "tests/test_cpu_fixes.py::test_dp_controller_idle_unreachable_on_older_variants"), reason=(
+    f"the busy-poll is there (event_loop {dci.EVENT_LOOP_PIN}), but this SGLang spawns its DP controller "
+    "process without load_plugins(), so no plugin hook reaches it"))
+CPU_SAME_AS_0_5_23 = {name: v0_5_23.PORTS[name] for name in ("cpu-cuda-synchronize", "cpu-torch-native-fill")}
+
+PORTS = {
+    "capturer-extent": CAPTURER_EXTENT,
+    "routed-experts-rows": Port({rer.GROW_GLOBAL_ARGS: "5146728cf1943c61"}, test=FIX_TEST),
+    "draft-extend-real-rows": Port({de.PLANNED_ROWS: "62a6ec3709f7bc5f"}, test=FIX_TEST),
+    "verify-padding-lcm": Port({vpl.ALIGN: "3ec4976a5007386c"}, test=FIX_TEST),
+    "capture-snapshot": CAPTURE_SNAPSHOT,
+    "dp-buffer-sizing": DP_BUFFER_SIZING,
+    "verify-logits-truncation": VERIFY_LOGITS,
+    "heartbeat-reset": HEARTBEAT,
+    "padding-rows-capture": v0_5_23.PORTS["padding-rows-capture"],
+    # CPU family (0.5.15's BaseHostCache pins its own buffer: a second hook)
+    "cpu-host-register": Port({hr.SKIP_REGISTER: "408f1eed3b00a7e6", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
+                              test=ENGINE_TEST),
+    **CPU_SAME_AS_0_5_23,
+    "cpu-eagle-attn-backend": Port({eab.KEEP_AMX: "984563e2d6265ce6"}, test=ENGINE_TEST),
+    "cpu-ep-native-moe": Port({epm.LOCAL_IDS: "4fd0e5b793d2d0ac"}, test=ENGINE_TEST),
+    "cpu-gloo-scatter-gather": Port({gvc.REDUCE_SCATTERV_CPU: "05109e16dab0bdb4", gvc.ALL_GATHERV_CPU: "9d85ae1727638521"},
+                                    test=ENGINE_TEST),
+    "cpu-gloo-stacked-allgather": Port({gsa.FLAT_OUTPUT: "bdef29a7aa66691f"}, test=ENGINE_TEST),
+    "cpu-thread-binding": Port(state=FixState.NOT_NEEDED, test=ENGINE_TEST, reason=(
+        "binds in ModelRunner.init_threads_binding, no numa_utils hook point; the engine launcher sets "
+        "SGLANG_CPU_OMP_THREADS_BIND for multi-rank CPU engines")),
+    "cpu-dp-controller-idle": DP_CONTROLLER_UNREACHABLE,
+}
