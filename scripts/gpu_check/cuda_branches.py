@@ -36,7 +36,7 @@ def run() -> dict:
     out["host_register"] = {"ok": calls == [1], "detail": f"SGLang's _cuda_host_register ran: {calls == [1]}, "
                                                           f"buffer pinned: {pinned}"}
 
-    from sglang_patches.cpu.fixes.v0_5_15 import unpinned_host_cache
+    from sglang_patches.cpu.fixes.host_register import unpinned_host_cache
     from sglang.srt.state_capturer.base import BaseHostCache
 
     cache = object.__new__(BaseHostCache)
