@@ -1,6 +1,6 @@
 """The stop-edge routed-experts row: a payload with `len(tokens) - start_len` rows instead of
-`len(tokens) - 1 - start_len`, the last one the routing of the final token (Miles drops it,
-`miles/rollout/sglang_rollout.py`). The reviewed SGLang releases do not send it: `get_topk` stops at
+`len(tokens) - 1 - start_len`, the last one the routing of the final token (Miles drops such a
+row). The reviewed SGLang releases do not send it: `get_topk` stops at
 `seqlen - 1` with `seqlen = len(origin_input_ids) + len(output_ids_through_stop)`; the real CPU engine
 (tests/test_next_defects_rows_engine.py) returns exactly `len(tokens) - 1` rows for every ending (stop
 token, stop string with and without trimming, max tokens, abort, a continued sample), with and without

@@ -36,10 +36,10 @@ def test_accepted_path_rows_not_reached(tmp_path, capsys):
     src = inspect.getsource(test_sgl_kernel_cpu.test_nextn_topk2_through_substitute_equals_transformers)
     assert "eagle_topk=2" in src and "return_routed_experts" not in src
 
-    seed = yaml.safe_load((ROOT / "training_configs" / "glm4.5-355b-a32b.yaml").read_text())
-    seed["engine_groups"][0]["speculative"].update(eagle_topk=2, num_draft_tokens=4)
+    glm = yaml.safe_load((ROOT / "training_configs" / "glm4.5-355b-a32b.yaml").read_text())
+    glm["engine_groups"][0]["speculative"].update(eagle_topk=2, num_draft_tokens=4)
     bad = tmp_path / "topk2.yaml"
-    bad.write_text(yaml.safe_dump(seed))
+    bad.write_text(yaml.safe_dump(glm))
     rc = main(["config", "check", str(bad), "--no-sglang"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "eagle_topk: 2 with routed_experts" in err[0] and "sglang#37949" in err[0]

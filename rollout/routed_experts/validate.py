@@ -57,7 +57,7 @@ def _check_size(n_bytes: int, rows: int, layout: MoELayout, start_len: int) -> i
     """The payload's value count; whole rows ``[0, rows)`` are read from it.
 
     One row more than expected is the stop-edge row: the routing of the final token, which an engine
-    that forwarded that token too (Miles drops it, `miles/rollout/sglang_rollout.py`) appends and which
+    that forwarded that token too appends (Miles drops such a row) and which
     feeds no training position. The reviewed SGLang releases do not send it (`get_topk` stops at
     ``seqlen - 1``); it is dropped, not failed. With ``start_len == 1`` one extra row is also what a
     whole-sequence payload (start ignored) has, so that case still fails.

@@ -6,8 +6,9 @@ forward; `draft_forward` sets them step by step), so with expert parallelism (mo
 the count is armed) every draft token counts as padding: `_mask_topk_ids_padded_region` masks all of
 the draft MoE layer's top-k ids to -1 (GLM-4.5's NEXTN layer is MoE) and the dispatcher maps -1 to a
 real expert. Target tokens and routed-expert capture are unaffected (capture runs before the mask);
-draft quality, hence acceptance, is. Reached on the seed (ep 32, EAGLE 3/1/4) whenever draft decode
-runs eagerly (a batch above the draft graph's sizes, graphs off, a DP step that cannot replay).
+draft quality, hence acceptance, is. Reached with the shipped GLM-4.5 config (ep 32, EAGLE 3/1/4)
+whenever draft decode runs eagerly (a batch above the draft graph's sizes, graphs off, a DP step that
+cannot replay).
 
 Fix: an AFTER hook on `init_new`: a draft worker's decode batch without input ids counts
 `batch_size * spec_info.num_tokens_per_req` tokens, the rule SGLang 0.5.23 applies itself
