@@ -24,7 +24,7 @@ PROMPT = [11 + (7 * j) % 200 for j in range(12)]
 
 @pytest.fixture(scope="module")
 def engine(engine_pool, tiny_match_model):
-    return engine_pool.get("nextn-rows", preset("b", tiny_match_model))
+    return engine_pool.get("b", preset("b", tiny_match_model))  # the same engine as test_engine_single
 
 
 def _gen(engine, sp, ids=PROMPT):
