@@ -19,15 +19,7 @@ import sys
 import time
 import uuid
 
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+from rollout.cli import positive_int
 
 
 def add_parser(sub) -> None:
@@ -35,7 +27,7 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None,
                    help="training config YAML (e.g. training_configs/tiny-cpu.yaml); not needed with --resume")
-    p.add_argument("--num-groups", type=_positive, default=None,
+    p.add_argument("--num-groups", type=positive_int, default=None,
                    help="prompt groups to roll out (default: rollout.batch_size)")
     p.add_argument("--output", default="rollouts.jsonl", help="JSONL written by the trainer-side consumer")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output (refused otherwise)")
