@@ -10,8 +10,8 @@
 #   --dry-run         print the commands instead of running them
 #
 # torch and SGLang are never installed or changed: they come from the base image. A base whose SGLang
-# is not a reviewed variant (0.5.23, 0.5.15.post1, 0.5.15.post1 + slime's patches) makes `patches status`
-# refuse, and this script fail.
+# is not a reviewed variant (every release 0.5.15.post1 ... 0.5.23, and 0.5.15.post1 + slime's patches)
+# makes `patches status` refuse, and this script fail.
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -33,6 +33,6 @@ def register() -> list:
             _registered.append(fix.name)
         elif verdict.state is FixState.REFUSED:
             logger.warning("slime-moe-rollout: fix %s refused: %s", fix.name, verdict.reason)
-    # rollout.engine_launch.PLUGIN_LINE parses this line; `patches status` names the variant.
+    # rollout/cli/engine.py's PLUGIN_LINE parses this line; `patches status` names the variant.
     logger.warning("slime-moe-rollout plugin: active fixes: %s", ", ".join(_registered) or "none")
     return list(_registered)

@@ -497,7 +497,7 @@ def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, 
 
 
 # `verify-padding-lcm`: 8 running requests (4 a DP rank) make the draft's eager buffer registry 4 rows,
-# ceil_align(4, attn_tp 2). The hook's first version aligned every speculative batch to lcm(2, 3) = 6,
+# ceil_align(4, attn_tp 2). A hook that aligns every speculative batch to lcm(2, 3) = 6,
 # draft decode (1 token a request) included; the test re-installs it in the engine's processes through
 # a sitecustomize shim (test-only, nothing in the product reads it).
 LCM_ARGS = {"chunked_prefill_size": 16, "max_running_requests": 8}
@@ -530,7 +530,7 @@ def lcm_engine_spec(model, shim_dir=None):
 @pytest.mark.e2e
 @pytest.mark.timeout(1500)
 def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine_pool, tiny_match_model):
-    """The hook's first version (every speculative batch aligned to lcm(attn_tp 2, k 3) = 6): the first
+    """A hook aligning every speculative batch to lcm(attn_tp 2, k 3) = 6: the first
     request's draft decode pads 1 token a request to 6 rows, more than the draft's 4-row eager registry,
     and every scheduler dies in `fill_from`."""
     import time

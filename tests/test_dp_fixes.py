@@ -53,7 +53,7 @@ def test_verify_padding_lcm(dp_results):
 
 def test_verify_padding_lcm_pads_by_the_batch_width_alike_on_idle_ranks(dp_results):
     """attn_tp 2, k 3, a busy and an idle DP rank: verify lists pad to lcm 6 on both ranks; draft decode
-    (1 token a request) keeps SGLang's own [4, 4] on both (the first version made it [6, 6]: 6 rows
+    (1 token a request) keeps SGLang's own [4, 4] on both (aligning it to k too makes it [6, 6]: 6 rows
     for 4 requests, more than the draft's eager registry holds)."""
     res = dp_results["plugin"]
     assert res["verify_padding_ranks_agree_verify"]["detail"] == (

@@ -153,7 +153,7 @@ def test_retraction_across_weight_update_refused_without_spans(variant, tiny_mod
     in that environment): `meta_info` has `num_retractions` and only the version at finish, no spans; the
     /flush_cache is refused while the retracted requests wait (Miles's flush_cache raises after 60 s), so
     the update runs without a flush; the dispatcher's check refuses by the version when sent. Rows are
-    printed, not asserted: that engine's rows are open (issue 9 item 6); measured once, no row of either
+    printed, not asserted: that engine's rows are not yet decided; measured once, no row of either
     request matched the seed-1 router, and request 1's prompt rows matched neither router."""
     from conftest import ENGINE_BUDGET_S
     from test_version_matrix import python_of

@@ -65,7 +65,7 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     actor_num_nodes, actor_num_gpus_per_node: int, colocate: bool,
     max_tokens_per_gpu: int|null, use_dynamic_batch_size: bool, extra_args: dict
   slime:                          SlimeConfig
-    integration: "plugin"|"managed"   who launches the engines (see training_configs/README.md)
+    integration: "plugin"|"managed"   who launches the engines (see docs/slime.md)
     extra_args: dict              more slime flags by name (underscores or dashes, no leading --)
 
 Structural checks done here (no SGLang import): types, ranges, tp % dp, tp % ep, gpus_per_engine

@@ -16,6 +16,17 @@ COMMANDS = [
 ]
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count: a one-line error for anything but an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise CliError(f"{self.prog}: {message}")

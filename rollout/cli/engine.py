@@ -64,7 +64,7 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
 
     if variant not in (None, "random") and cfg.model.build:
         return build_tiny_glm(default_path(variant), variant=variant, seed=cfg.model.seed)
-    return resolve_model(cfg, root, build=lambda path, seed: build_tiny_glm(path, seed=seed))
+    return resolve_model(cfg, root, build=build_tiny_glm)
 
 
 def _build(args) -> int:

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from rollout.cli import positive_int
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("r3", help="routing replay (R3): what it buys", description=__doc__,
@@ -29,9 +31,9 @@ def add_parser(sub) -> None:
     c.add_argument("--model", help="checkpoint for the trainer recompute (default: the config's model path)")
     c.add_argument("--build-near-tie", action="store_true",
                    help="build the near-tie tiny GLM-4.5 at the model path first (rollout/near_tie_model.py)")
-    c.add_argument("--prompts", type=_positive, default=None, help="prompts to roll out (default: rollout.batch_size)")
+    c.add_argument("--prompts", type=positive_int, default=None, help="prompts to roll out (default: rollout.batch_size)")
     c.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
-    c.add_argument("--max-new-tokens", type=_positive, default=None, help="override the sampling budget")
+    c.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the sampling budget")
     c.add_argument("--dtype", default=None, help="trainer dtype (default: the checkpoint's torch_dtype)")
     c.add_argument("--corrupt", choices=("shift", "swap"), default=None,
                    help="replay wrong rows on purpose (shift: one token down; swap: another sample's)")
@@ -39,16 +41,6 @@ def add_parser(sub) -> None:
     c.add_argument("--log-dir", default=None, help="engine logs (default: ./r3-check.logs)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=main)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
 
 
 def main(args) -> int:

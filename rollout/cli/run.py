@@ -19,15 +19,7 @@ import sys
 import time
 import uuid
 
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+from rollout.cli import positive_int
 
 
 def add_parser(sub) -> None:
@@ -35,7 +27,7 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None,
                    help="training config YAML (e.g. training_configs/tiny-cpu.yaml); not needed with --resume")
-    p.add_argument("--num-groups", type=_positive, default=None,
+    p.add_argument("--num-groups", type=positive_int, default=None,
                    help="prompt groups to roll out (default: rollout.batch_size)")
     p.add_argument("--output", default="rollouts.jsonl", help="JSONL written by the trainer-side consumer")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output (refused otherwise)")
@@ -81,8 +73,9 @@ def _vocab(cfg, model_path: str) -> int:
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
     from rollout import group_log
-    from rollout.cli.engine import model_for
+    from rollout.config import resolve_model
     from rollout.errors import CliError
+    from rollout.tiny_model import build_tiny_glm
     from training_configs.schema import ConfigError, load_config
 
     if args.config is None and not args.resume:
@@ -95,7 +88,7 @@ def main(args) -> int:
     meta = _resumed_run(args) if args.resume else None
     try:
         cfg = load_config(args.config)
-        model_path = model_for(cfg)
+        model_path = resolve_model(cfg, build=build_tiny_glm)
     except ConfigError as e:
         raise CliError(str(e)) from None
     if args.base_port is not None:

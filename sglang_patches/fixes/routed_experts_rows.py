@@ -14,8 +14,9 @@ buckets, and max-running-requests / decode-graph batch sizes times the draft-tok
 aligned to lcm(attn_tp_size, draft tokens), times the number of DP ranks.
 
 Releases read the sizing inputs from different places: 0.5.18+ from the runtime context's config
-bags (`grow_buffer`, `grow_buffer_dp_size`), 0.5.16 from the published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1
-from the global server args (`grow_buffer_global_args`); the prefill-graph buckets are
+bags (`grow_buffer` on 0.5.22+, `grow_buffer_dp_size` on 0.5.18-0.5.21), 0.5.16 and 0.5.17 from the
+published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1 from the global server args
+(`grow_buffer_global_args`); the prefill-graph buckets are
 `cuda_graph_config.prefill.bs` as given.
 
 Upstream: sglang#31116 (closed as inactive), sglang#26860.

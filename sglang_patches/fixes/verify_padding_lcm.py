@@ -25,8 +25,8 @@ ceil_align(max_running_requests, attn_tp) rows (eager_runner.py:111-121, common.
 0.5.15.post1 and 0.5.16 derive bs the same way (forward_batch_info.py:1213/1257; :1276/1339) and
 set the draft-decode width on every rank (base_spec_worker.py:258; eagle_worker_common.py:295),
 so their ports register this same hook.
-The first version aligned every speculative batch to the server-wide k, draft decode (width 1)
-included: 4 requests padded to 6 rows, more than that registry holds (`The size of tensor a (4)
+Aligning every speculative batch to the server-wide k instead, draft decode (width 1)
+included, crashes: 4 requests padded to 6 rows, more than that registry holds (`The size of tensor a (4)
 must match the size of tensor b (6)` in fill_from, configuration (c), 8 running requests).
 
 Found while reading sglang#26016's second change against 0.5.23.
