@@ -33,7 +33,7 @@ from typing import Awaitable, Callable, Optional
 import aiohttp
 
 from rollout.dispatch import Dispatcher
-from rollout.engines.health import HealthMonitor, http_probe
+from rollout.engines.health import HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe
 from rollout.engines.readiness import NullView, auth_headers, wait_ready
 from rollout.errors import EnginesLost, WeightVersionError, one_line
 from rollout.routed_experts import MoELayout
@@ -147,7 +147,8 @@ class RolloutManager:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
         self.dispatcher = self._dispatcher(self._on_error)
         probe = self._health_probe or http_probe(self.session, self.health_cfg.timeout_s)
-        self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures)
+        self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures,
+                                     server_window_s=self._server_health_window())
         results = await asyncio.gather(*(self._bring_up(spec) for spec in self.specs.values()),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -155,6 +156,12 @@ class RolloutManager:
             await self.stop()
             raise errors[0]
         self.monitor.start()
+
+    def _server_health_window(self) -> float:
+        """SGLang's /health_generate window: the longest SGLANG_HEALTH_CHECK_TIMEOUT an engine group sets."""
+        windows = [float(s.group.env[HEALTH_WINDOW_ENV]) for s in self.specs.values()
+                   if HEALTH_WINDOW_ENV in getattr(s.group, "env", {})]
+        return max(windows, default=SGLANG_HEALTH_WINDOW_S)
 
     def _dispatcher(self, on_error) -> Dispatcher:
         return Dispatcher(self.session, self.sampling, self.concurrency, layout=self.layout, seeds=self.seeds,

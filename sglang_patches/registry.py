@@ -49,6 +49,8 @@ FIX_MODULES = (
     "sglang_patches.fixes.upstream_guards",
     "sglang_patches.fixes.r3_guards",
     "sglang_patches.fixes.capture_snapshot",
+    "sglang_patches.fixes.draft_token_count",
+    "sglang_patches.fixes.accepted_path_rows",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
 )

@@ -421,6 +421,148 @@ def heartbeat_reset_guard():
     return {"ok": got == (200, 503, 503), "detail": f"status codes {got}, want (200, 503, 503)"}
 
 
+# ---------------------------------------------------------------- draft-decode token count (sglang#40156)
+
+DRAFT_BS, DRAFT_TOPK = 2, 2
+
+
+class _Unset:
+    """A duck-typed ScheduleBatch: the fields a draft-decode batch has; every other field unset."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _draft_decode_batch():
+    """A draft worker's decode batch as the scheduler leaves it: 2 requests x top-k 2, no input ids yet."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    bs, k = DRAFT_BS, DRAFT_TOPK
+    spec = SimpleNamespace(num_tokens_per_req=k, num_tokens_for_logprob_per_req=k, capture_hidden_mode=None)
+    return _Unset(forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor([9] * bs), seq_lens_cpu=torch.tensor([9] * bs),
+                  input_ids=None, req_pool_indices=torch.arange(bs), out_cache_loc=torch.arange(bs * k * 3),
+                  seq_lens_sum=9 * bs, reqs=[], spec_info=spec, return_logprob=False, return_hidden_states=False,
+                  return_hidden_states_before_norm=False, has_grammar=False)
+
+
+def _draft_runner():
+    """The fields of a draft ModelRunner that init_new reads (stand-in)."""
+    return SimpleNamespace(device="cpu", is_draft_worker=True, use_ngram_embedding=False, model_is_mrope=False,
+                           server_args=SimpleNamespace(enable_lora=False), lora_manager=None,
+                           ngram_embedding_manager=SimpleNamespace(enabled=False),
+                           kv_index_translator=SimpleNamespace(  # the KV-index plan binds nothing here
+                               rebind_write_loc=lambda fb: None,
+                               own_plan=lambda fb: SimpleNamespace(bind=lambda *a, **kw: None)),
+                           attn_dcp_size=1,
+                           model_config=SimpleNamespace(is_encoder_decoder=False, model_is_mrope=False,
+                                                        requires_mm_token_modalities=False),
+                           ps=SimpleNamespace(attn_dcp_size=1))
+
+
+@scenario("draft-token-count")
+def draft_token_count():
+    # SGLang's own token count of the batch (moe_ep_size 4 arms it), then its padded-region mask with it.
+    import torch
+    import sglang.srt.model_executor.forward_batch_info as fbi
+    from sglang.srt.layers.moe import topk
+
+    real = DRAFT_BS * DRAFT_TOPK
+    with mock.patch.object(fbi, "get_parallel", lambda: SimpleNamespace(moe_ep_size=4, attn_dcp_size=1)):
+        count = int(API.draft_count(_draft_decode_batch(), _draft_runner()))
+    ids = torch.tensor([[1, 5], [2, 6], [3, 7], [4, 0]], dtype=torch.int32)  # the draft tokens' top-k
+    with mock.patch.object(topk, "_can_fuse_padded_region", lambda t: False, create=True):  # no triton on CPU
+        topk._mask_topk_ids_padded_region(ids, torch.tensor(count, dtype=torch.int32))
+    masked = int(ids.eq(-1).all(-1).sum())
+    return {"ok": count == real and masked == 0,
+            "detail": f"draft decode {DRAFT_BS} requests x top-k {DRAFT_TOPK}: num_token_non_padded {count} of {real} "
+                      f"tokens; {masked} of {real} draft tokens' top-k ids masked to -1"}
+
+
+# ---------------------------------------------------------------- capture rows of an EAGLE tree (sglang#37949)
+
+class _Launch:
+    """`kernel[grid](*args)` of a triton kernel: the CPU engine's torch op of the same contract
+    (sglang_patches.cpu.sgl_kernel_cpu) on the first `nargs` arguments."""
+
+    def __init__(self, fn, nargs):
+        self.fn, self.nargs = fn, nargs
+
+    def __getitem__(self, grid):
+        return lambda *args: self.fn(*args[: self.nargs])
+
+
+def _fill_front(num_front, out_cache_loc, front):
+    """The first num_front[i] slots of request i's window in out_cache_loc, packed (the kernel's contract)."""
+    import torch
+
+    window = out_cache_loc.view(num_front.numel(), -1)
+    packed = torch.cat([window[i, :n] for i, n in enumerate(num_front.tolist())])
+    front[: packed.numel()] = packed
+
+
+def _kv_move_kernels(stack, spec_utils):
+    """The KV move's triton kernels (whichever names this release uses) as the CPU engine's ops."""
+    from sglang_patches.cpu.sgl_kernel_cpu.cache_ops import assign_extend_cache_locs_cpu
+    from sglang_patches.cpu.sgl_kernel_cpu.spec_ops import fill_accept_out_cache_loc_cpu
+
+    subs = {"_is_cpu": False, "assign_extend_cache_locs": _Launch(assign_extend_cache_locs_cpu, 6),
+            "fill_accept_out_cache_loc": _Launch(fill_accept_out_cache_loc_cpu, 3),
+            "fill_accept_out_cache_loc_func": lambda idx, loc, out, size: fill_accept_out_cache_loc_cpu(idx, loc, out),
+            "fill_front_out_cache_loc_func": _fill_front}  # 0.5.23: the targets from the verify window
+    for name, value in subs.items():
+        if hasattr(spec_utils, name):
+            stack.enter_context(mock.patch.object(spec_utils, name, value))
+
+
+def _accepted_rows(accept):
+    """One EAGLE verify of 1 request, 4 tree tokens in KV slots 20..23 captured as rows 100..103; SGLang's
+    capturer writes the host rows, its `move_accept_tokens_to_target_kvcache` moves the accepted nodes' KV
+    to the front of the window (top-k > 1 and ngram do this), `get_topk` reads the request's rows."""
+    import torch
+    from sglang.srt.speculative import spec_utils
+    from sglang.srt.state_capturer import routed_experts as re_mod
+
+    window = torch.arange(20, 24)
+    cap = _capturer(rows=4)
+    cap.device_cache.buffer.copy_(torch.arange(100, 104, dtype=torch.int32)[:, None, None].expand(4, 1, 2))
+    with mock.patch.object(re_mod, "is_dp_attention_enabled", lambda: False):
+        cap.on_forward_end(SimpleNamespace(out_cache_loc=window, out_cache_loc_virtual=None),
+                           can_run_graph=False, cuda_graph_batch=None)
+    kv = torch.arange(64)  # a KV pool's rows: slot s holds s
+    kvcache = SimpleNamespace(move_kv_cache=lambda tgt, src: kv.index_copy_(0, tgt, kv[src].clone()))
+    pool = SimpleNamespace(req_to_token=torch.tensor([[0] * 9 + window.tolist()]))
+    batch = SimpleNamespace(seq_lens=torch.tensor([9]), out_cache_loc=window, req_pool_indices=torch.tensor([0]),
+                            req_to_token_pool=pool)
+    accept_index = torch.tensor([accept + [-1] * (4 - len(accept))], dtype=torch.int32)
+    with ExitStack() as stack:
+        _kv_move_kernels(stack, spec_utils)
+        spec_utils.move_accept_tokens_to_target_kvcache(batch, accept_index,
+                                                        torch.tensor([len(accept) - 1], dtype=torch.int32),
+                                                        SimpleNamespace(get_kvcache=lambda: kvcache))
+    n = len(accept)
+    moved_kv = kv[window[:n]].tolist()  # KV at the request's front slots: the accepted nodes' slots
+    rows = cap.get_topk(0, 9 + n + 1, pool, start_len=9).reshape(-1, 2)[:n, 0].tolist()
+    want = [100 + i for i in accept]
+    return {"ok": rows == want and moved_kv == [20 + i for i in accept],
+            "detail": f"accepted tree nodes {accept}: KV moved from slots {moved_kv}; routed rows {rows}, want {want}"}
+
+
+@scenario("accepted-path-rows")
+def accepted_path_rows_topk2():
+    return _accepted_rows([0, 2])  # top-k 2: the root, then the second branch's draft token
+
+
+@scenario("accepted-path-rows", "guard")
+def accepted_path_rows_topk1():
+    return _accepted_rows([0, 1, 2])  # top-k 1 (every supported config): the chain's prefix, already in front
+
+
 # ---------------------------------------------------------------- what each variant must show
 
 NONE_MUL = "unsupported operand type(s) for *: 'int' and 'NoneType'"
@@ -441,6 +583,9 @@ EXPECT_STOCK = {
     "verify_padding_ranks_agree_verify": "busy rank 4 rows, batch_size 1 x 3",
     "capture_snapshot_overlap": SNAPSHOT_STOCK,
     "dp_buffer_one_entry_list": "IndexError: list index out of range",
+    "draft_token_count": "num_token_non_padded 0 of 4 tokens; 4 of 4 draft tokens' top-k ids masked to -1",
+    "accepted_path_rows_topk2": "accepted tree nodes [0, 2]: KV moved from slots [20, 22]; routed rows [100, 101], "
+                                "want [100, 102]",
 }
 # variant -> {scenario: needle, or None: right on that stock tree (a guard there)}
 EXPECT_VARIANT = {

@@ -129,6 +129,18 @@ class Api0515:
 
         return require_mlp_tp_gather(sa), require_attn_tp_gather(sa)
 
+    non_padded = "num_token_non_padded"  # the real-token count ForwardBatch.init_new sets
+
+    def draft_count(self, batch, runner):
+        """The real-token count SGLang gives a draft worker's decode batch."""
+        import inspect
+
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        kw = {"return_hidden_states_before_norm": False} \
+            if "return_hidden_states_before_norm" in inspect.signature(ForwardBatch.init_new).parameters else {}
+        return getattr(ForwardBatch.init_new(batch, runner, **kw), self.non_padded)
+
 
 class Api0516(Api0515):
     """0.5.16: the runtime context (published ServerArgs, get_parallel/get_flags/get_resources overrides)."""
@@ -233,6 +245,7 @@ class Api0520(Api0519):
     attn-TP sequences are sharded."""
 
     release = "0.5.20"
+    non_padded = "global_num_token_non_padded"  # the local count is derived from it later
 
     def capturer_context(self, stack, **kw):
         import sglang.srt.state_capturer.base as base
@@ -252,6 +265,7 @@ class Api0521(Api0515):
 
     release = "0.5.21"
     padded_list = "global_num_tokens_padded_cpu"
+    non_padded = Api0520.non_padded
     batch_extra = staticmethod(lambda bs: {})
     health_patches = staticmethod(lambda: [("get_disagg", lambda: SimpleNamespace(disaggregation_mode="null"))])
 
@@ -338,6 +352,16 @@ class Api0523(Api0521):
                                global_num_tokens_padded_cpu=[padded], forward_metadata_planned_num_tokens=planned,
                                out_cache_loc=torch.arange(padded), positions=torch.arange(padded), mha_return_lse=False,
                                _attn_output=None, moe_num_token_non_padded=lambda: None)
+
+    def draft_count(self, batch, runner):
+        """0.5.23 counts in `_init_num_token_non_padded` (init_new needs a whole model runner)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        fb = ForwardBatch(forward_mode=batch.forward_mode, batch_size=len(batch.seq_lens), input_ids=None,
+                          req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+                          out_cache_loc=batch.out_cache_loc, seq_lens_sum=batch.seq_lens_sum, spec_info=batch.spec_info)
+        fb._init_num_token_non_padded(device="cpu", is_draft_worker=runner.is_draft_worker)
+        return fb.global_num_token_non_padded
 
     def attention_context(self, stack, ra, backend, fb):
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context

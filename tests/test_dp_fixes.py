@@ -86,6 +86,18 @@ def test_unaffected_paths_stay_correct(dp_results, name):
         assert dp_results[state][name]["ok"], f"{state}: {dp_results[state][name]['detail']}"
 
 
+LATENT = [n for n, (needle, plugin_ok) in dp_scenarios.expected(VARIANT).items() if needle is not None and not plugin_ok]
+
+
+@pytest.mark.parametrize("name", LATENT)
+def test_latent_defect_shows_with_and_without_the_plugin(dp_results, name):
+    """A not-needed fix's defect (e.g. sglang#37949's off-path rows): the specific wrong result in both states."""
+    needle = dp_scenarios.expected(VARIANT)[name][0]
+    for state in ("none", "plugin"):
+        got = dp_results[state][name]
+        assert not got["ok"] and needle in got["detail"], f"{state}: {got['detail']}"
+
+
 def test_every_fix_has_scenarios():
     from sglang_patches.registry import all_fixes
 

@@ -66,6 +66,9 @@ def _speculative_checks(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
         raise ConfigError(f"{w}.draft_model_path: {s.algorithm} needs a draft model path")
     if s.algorithm == "STANDALONE" and g.enable_dp_attention:
         raise ConfigError(f"{w}.algorithm: SGLang's STANDALONE speculative decoding does not support DP attention")
+    if s.eagle_topk > 1 and g.routed_experts:
+        raise ConfigError(f"{w}.eagle_topk: {s.eagle_topk} with routed_experts: SGLang's capture rows do not follow "
+                          "the accepted draft path for top-k > 1 (sglang#37949); use eagle_topk 1")
 
 
 def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:

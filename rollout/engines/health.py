@@ -14,6 +14,12 @@ engine, its scheduler processes used CPU and none is stopped. Progress makes the
 "busy"; CPU alone counts for at most `busy_budget_s` since the last snapshot change, so a scheduler
 spinning in a hang is still declared dead. A stopped (SIGSTOP) or hung scheduler shows neither.
 Remote engines have only the snapshot: keep `failures x interval_s` above the longest forward.
+
+One probe per engine, counted as SGLang counts it (sglang#35884): `/health_generate` sends a real
+one-token request and waits its window; a client that gives up first leaves that handler (and its
+request) running, and the next probe adds another. A probe that got no HTTP answer (`NO_ANSWER` in its
+detail, failed or busy) keeps the engine's slot until SGLang's window (`server_window_s`) has passed
+since it began: SGLang ends it (503, state popped; a busy scheduler drops its request) first.
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ from rollout.net import auth_headers
 
 Probe = Callable[[object], Awaitable[Optional[str]]]  # raises = failed; returns a detail or None = ok
 OnDead = Callable[[object, str], Awaitable[None]]
+HEALTH_WINDOW_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"  # an engine's /health_generate window (s)
+SGLANG_HEALTH_WINDOW_S = 20.0  # its default
+NO_ANSWER = "no answer"  # a probe's detail: client timeout or connection error, SGLang may still hold it
 
 
 def http_probe(session: aiohttp.ClientSession, timeout_s: float, busy_budget_s: float = 300.0) -> Probe:
@@ -45,7 +54,7 @@ def http_probe(session: aiohttp.ClientSession, timeout_s: float, busy_budget_s: 
                     return None
                 failure = f"HTTP {r.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            failure = str(e) or type(e).__name__
+            failure = f"{NO_ANSWER}: {str(e) or type(e).__name__}"
         after = await progress_mark(session, engine, timeout_s)
         now = time.monotonic()
         seen, changed_at = last_snapshot.get(engine.name, (before.snapshot, now))
@@ -117,7 +126,7 @@ def scheduler_cpu(engine) -> tuple:
 
 class HealthMonitor:
     def __init__(self, probe: Probe, on_dead: OnDead, interval_s: float, failures: int,
-                 alive_poll_s: float = 0.25, history: int = 1000):
+                 alive_poll_s: float = 0.25, history: int = 1000, server_window_s: float = SGLANG_HEALTH_WINDOW_S):
         self.probe, self.on_dead = probe, on_dead
         self.interval_s, self.failures, self.alive_poll_s = interval_s, failures, alive_poll_s
         self.watched: dict[str, object] = {}
@@ -126,6 +135,8 @@ class HealthMonitor:
         self.history: collections.deque = collections.deque(maxlen=history)
         self._next_probe: dict[str, float] = {}
         self._busy: set[str] = set()
+        self.server_window_s = server_window_s
+        self._held_until: dict[str, float] = {}  # engine -> when SGLang has ended an abandoned probe
         self._task: asyncio.Task | None = None
 
     def watch(self, engine) -> None:
@@ -153,12 +164,15 @@ class HealthMonitor:
             await self.on_dead(engine, reason)
 
     async def _probe_one(self, engine) -> None:
+        started = time.monotonic()
         try:
             ok, detail = True, (await self.probe(engine)) or "ok"
         except Exception as e:  # any failure counts; a probe never raises past here
             ok, detail = False, (str(e) or type(e).__name__)[:160]
         finally:
             self._busy.discard(engine.name)
+        if NO_ANSWER in detail:  # sglang#35884: SGLang's handler may still run; no second probe beside it
+            self._held_until[engine.name] = started + self.server_window_s
         if self.watched.get(engine.name) is not engine:
             return
         self.history.append((engine.name, ok, detail))
@@ -176,7 +190,8 @@ class HealthMonitor:
                 if not engine.alive():
                     await self._declare(engine, engine.exit_reason())
                     continue
-                if now >= self._next_probe[name] and name not in self._busy:
+                if now >= self._next_probe[name] and name not in self._busy \
+                        and now >= self._held_until.get(name, 0.0):
                     self._busy.add(name)
                     self._next_probe[name] = now + self.interval_s
                     asyncio.create_task(self._probe_one(engine))

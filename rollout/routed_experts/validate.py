@@ -1,7 +1,8 @@
 """Decode + validate + compact one SGLang routed-experts payload. Cheap enough to be always on.
 
 Checks, each failing with ``RoutedExpertsError`` and a one-line reason:
-type and base64; row count ``== len(tokens) - 1 - start_len``; whole rows of
+type and base64; row count ``== len(tokens) - 1 - start_len`` (one more is the stop-edge row, dropped:
+see ``_check_size``); whole rows of
 ``num_hidden_layers * topk`` int32 (an extra layer per token is named as such); dense layers
 all zero (a non-zero one is the draft-layer leakage of vllm#48622 / slime#1909); every id in
 ``[0, num_experts)``; no id twice in one token's top-k (an all-zero MoE row is named "missing").
@@ -53,11 +54,19 @@ def decode_compact(payload, layout: MoELayout, num_tokens: int, start_len: int =
 
 
 def _check_size(n_bytes: int, rows: int, layout: MoELayout, start_len: int) -> int:
+    """The payload's value count; whole rows ``[0, rows)`` are read from it.
+
+    One row more than expected is the stop-edge row: the routing of the final token, which an engine
+    that forwarded that token too appends (Miles drops such a row) and which
+    feeds no training position. The reviewed SGLang releases do not send it (`get_topk` stops at
+    ``seqlen - 1``); it is dropped, not failed. With ``start_len == 1`` one extra row is also what a
+    whole-sequence payload (start ignored) has, so that case still fails.
+    """
     L, K = layout.num_hidden_layers, layout.topk
     if n_bytes % 4:
         raise RoutedExpertsError(f"routed_experts decodes to {n_bytes} bytes, not a multiple of 4 (int32)")
     n = n_bytes // 4
-    if n == rows * L * K:
+    if n == rows * L * K or (n == (rows + 1) * L * K and start_len != 1):
         return n
     if n == 0:
         raise RoutedExpertsError(f"routed_experts is empty, expected {rows} rows")

@@ -8,7 +8,7 @@ from sglang_patches.cpu.fixes import (cuda_synchronize as cs, dp_controller_idle
                                       ep_native_moe as epm, gloo_stacked_allgather as gsa,
                                       gloo_varsize_collectives as gvc, host_register as hr, torch_native_fill as tnf)
 from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as ce, draft_extend_real_rows as de,
-                                  routed_experts_rows as rer, verify_padding_lcm as vpl)
+                                  draft_token_count as dtc, routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -44,6 +44,8 @@ PORTS = {
     "verify-logits-truncation": VERIFY_LOGITS,
     "heartbeat-reset": HEARTBEAT,
     "padding-rows-capture": v0_5_23.PORTS["padding-rows-capture"],
+    "draft-token-count": Port({dtc.COUNT: "581aee9d31bda994"}, test=FIX_TEST),  # slime's patches leave it alone
+    "accepted-path-rows": v0_5_23.PORTS["accepted-path-rows"],
     # CPU family (0.5.15's BaseHostCache pins its own buffer: a second hook)
     "cpu-host-register": Port({hr.SKIP_REGISTER: "408f1eed3b00a7e6", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST),

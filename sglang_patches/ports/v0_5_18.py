@@ -4,7 +4,7 @@
 (capturer-extent's pins, and sglang#34319 upstream); the capturer's `__init__` is 0.5.17's, but the module
 no longer imports `get_server_args`: the config-bag hook (DP width `get_parallel().dp_size`).
 """
-from sglang_patches.fixes import routed_experts_rows as rer
+from sglang_patches.fixes import draft_token_count as dtc, routed_experts_rows as rer
 from sglang_patches.registry import Port
 
 from . import v0_5_15, v0_5_17, v0_5_19
@@ -14,4 +14,5 @@ PORTS = {
     "capturer-extent": v0_5_19.PORTS["capturer-extent"],
     "routed-experts-rows": Port({rer.GROW_DP_SIZE: "957a611caa58a06a"}, test=v0_5_15.FIX_TEST),
     "capture-snapshot": v0_5_19.SNAPSHOT_UPSTREAM,
+    "draft-token-count": Port({dtc.COUNT: "9a0c4387d3e0006f"}, test=v0_5_15.FIX_TEST),
 }

@@ -9,8 +9,8 @@ its own buffer (both hooks); `moe_forward_native`, `all_gather_into_tensor` and 
 moved (not ported: refused in a CPU engine).
 """
 from sglang_patches.cpu.fixes import host_register as hr
-from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, routed_experts_rows as rer,
-                                  verify_padding_lcm as vpl)
+from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
+                                  routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -31,4 +31,5 @@ PORTS = {
     "draft-extend-real-rows": Port({de.PLANNED_ROWS: "16cf2680a022d2b2"}, test=FIX_TEST),
     "verify-padding-lcm": Port({vpl.ALIGN: "ec8ae0863594cd9a"}, test=FIX_TEST),
     "capture-snapshot": SNAPSHOT_UPSTREAM,
+    "draft-token-count": Port({dtc.COUNT: "d371f05cb690ec0a"}, test=FIX_TEST),
 }

@@ -6,7 +6,8 @@ extends (draft extend hooked on `RadixAttention.forward`); `on_forward_end` snap
 CPU family: 0.5.23's sources except `all_gather_into_tensor` (moved: not ported); the DP controller
 process does not load plugins yet (not-needed, as up to 0.5.16).
 """
-from sglang_patches.fixes import capturer_extent as ce, draft_extend_real_rows as de, verify_padding_lcm as vpl
+from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
+                                  verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -26,4 +27,6 @@ PORTS = {
     "dp-buffer-sizing": Port(state=FixState.UPSTREAM, test=v0_5_15.GUARD_TEST,
                              reason="one-entry per-rank lists are resolved via dp_slot_in"),
     "cpu-dp-controller-idle": v0_5_15.DP_CONTROLLER_UNREACHABLE,
+    "draft-token-count": Port({dtc.COUNT_GLOBAL: "a7e61b4cbd9bf676"}, test=FIX_TEST),
+    "accepted-path-rows": v0_5_23.PORTS["accepted-path-rows"],
 }

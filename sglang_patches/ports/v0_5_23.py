@@ -5,7 +5,7 @@ from sglang_patches.cpu.fixes import (cuda_synchronize as cs, dp_controller_idle
                                       torch_native_fill as tnf)
 from sglang_patches.cpu.graphs import (attn_graph_hooks as agh, decode_runner as dr, graph_config as gc,
                                        pynccl_state as ps, replay_backend as rb)
-from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, r3_guards,
+from sglang_patches.fixes import (accepted_path_rows, capturer_extent as ce, draft_extend_real_rows as de, r3_guards,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
@@ -25,6 +25,10 @@ PORTS = {
     "heartbeat-reset": Port(state=FixState.UPSTREAM, test=f"{GUARDS}::test_heartbeat_reset_guard",
                             reason="/health_generate needs a message newer than the probe"),
     "padding-rows-capture": Port(state=FixState.NOT_NEEDED, reason=r3_guards.PADDING_ROWS),
+    "draft-token-count": Port(state=FixState.UPSTREAM, test="tests/test_dp_fixes.py::test_unaffected_paths_stay_correct",
+                              reason="_init_num_token_non_padded counts batch_size x num_tokens_per_req for a draft "
+                                     "worker's decode batch"),
+    "accepted-path-rows": accepted_path_rows.NOT_REACHED,
     # CPU family
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a"}),
     "cpu-cuda-synchronize": Port({cs.NO_SYNC: "3438d8ef569c0d5f"}),
