@@ -34,9 +34,9 @@ def cases():
     import torch
 
     import dp_scenarios as sc
+    from dp_scenarios_drivers import pick
     from sglang.srt.layers.attention import graph_utils
     from sglang.srt.model_executor.cuda_graph_buffer_registry import CudaGraphBufferRegistry
-    from sglang.srt.state_capturer.base import BaseTopkCapturer
 
     out = []
     reg = CudaGraphBufferRegistry(device=torch.device("cpu"), max_bs=64, max_num_tokens=256)
@@ -47,18 +47,9 @@ def cases():
                 lambda: fill.__wrapped__(reg, fb, **kw)))
 
     stack = ExitStack()
-    sc._dp_context(stack, dp_rank=1, dp_size=2)
-    cap = sc._capturer(rows=64)
-    efb = SimpleNamespace(global_num_tokens_cpu=[4, 8], out_cache_loc=torch.arange(100, 108),
-                          out_cache_loc_virtual=None)
-    sc._registry_fill(efb, padded_bs=8, padded_num_tokens=8)
-    end = BaseTopkCapturer.on_forward_end
-    args = dict(forward_batch=efb, can_run_graph=True, cuda_graph_batch=8, no_copy_to_cpu=True)
-    out.append(("BaseTopkCapturer.on_forward_end", lambda: end(cap, **args),
-                lambda: end.__wrapped__(cap, **args)))
-
+    sc.API = sc.API or pick()
     q = torch.empty(8, 2, 4)
-    dfb = sc._draft_extend_batch(real=4, padded=8, planned=4)
+    dfb = sc.API.draft_extend_batch(real=4, padded=8, planned=4)
     pert = graph_utils.padded_extend_real_tokens
     out.append(("padded_extend_real_tokens", lambda: pert(q, dfb), lambda: pert.__wrapped__(q, dfb)))
 
@@ -73,16 +64,6 @@ def cases():
     out.append(("ForwardBatch.prepare_mlp_sync_batch (+ batch setup)", lambda: run_prepare(prep),
                 lambda: run_prepare(prep.__wrapped__)))
 
-    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer
-
-    init = RoutedExpertsCapturer.__init__
-
-    def build(fn):
-        with mock.patch.object(RoutedExpertsCapturer, "__init__", fn):
-            sc._build_capturer(cps=256, mrr=64, num_dp=2, attn_tp=2)
-
-    out.append(("RoutedExpertsCapturer.__init__ (start-up, + setup)", lambda: build(init),
-                lambda: build(init.__wrapped__)))
     return out, stack
 
 
