@@ -1,14 +1,5 @@
 """`sgl_kernel.mamba` names (imported by SGLang's linear-attention backends on CPU):
 they resolve at import time and raise an error naming the op when called."""
-from . import UnimplementedOp
+from ._stubs import missing_names
 
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-
-    def _missing(*args, **kwargs):
-        raise UnimplementedOp(f"sgl_kernel CPU substitute: op 'mamba.{name}' is not implemented")
-
-    _missing.__name__ = name
-    return _missing
+__getattr__ = missing_names("mamba")
