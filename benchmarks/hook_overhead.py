@@ -37,6 +37,9 @@ def cases():
     from dp_scenarios_drivers import pick
     from sglang.srt.layers.attention import graph_utils
     from sglang.srt.model_executor.cuda_graph_buffer_registry import CudaGraphBufferRegistry
+    from sglang.srt.state_capturer.base import BaseTopkCapturer
+
+    from sglang_patches.fixes.capturer_extent import EXTENT_ATTR
 
     out = []
     reg = CudaGraphBufferRegistry(device=torch.device("cpu"), max_bs=64, max_num_tokens=256)
@@ -48,6 +51,16 @@ def cases():
 
     stack = ExitStack()
     sc.API = sc.API or pick()
+    sc.API.dp_context(stack, dp_rank=1, dp_size=2)
+    cap = sc._capturer(rows=64)
+    efb = SimpleNamespace(global_num_tokens_cpu=[4, 8], out_cache_loc=torch.arange(100, 108),
+                          out_cache_loc_virtual=None)
+    efb.__dict__[EXTENT_ATTR] = 8  # what the BEFORE hook on fill_from records for this replay
+    end = BaseTopkCapturer.on_forward_end
+    args = dict(forward_batch=efb, can_run_graph=True, cuda_graph_batch=2, no_copy_to_cpu=True)
+    out.append(("BaseTopkCapturer.on_forward_end", lambda: end(cap, **args),
+                lambda: end.__wrapped__(cap, **dict(args, cuda_graph_batch=8))))
+
     q = torch.empty(8, 2, 4)
     dfb = sc.API.draft_extend_batch(real=4, padded=8, planned=4)
     pert = graph_utils.padded_extend_real_tokens
@@ -64,6 +77,17 @@ def cases():
     out.append(("ForwardBatch.prepare_mlp_sync_batch (+ batch setup)", lambda: run_prepare(prep),
                 lambda: run_prepare(prep.__wrapped__)))
 
+    def build(fn):
+        from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer
+
+        with mock.patch.object(RoutedExpertsCapturer, "__init__", fn):
+            sc._rows_case(64, cps=256, mrr=64, num_dp=2, attn_tp=2)
+
+    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer
+
+    init = RoutedExpertsCapturer.__init__
+    out.append(("RoutedExpertsCapturer.__init__ (start-up, + setup)", lambda: build(init),
+                lambda: build(init.__wrapped__)))
     return out, stack
 
 
