@@ -230,3 +230,17 @@ def generate(engine, input_ids, n, **extra) -> dict:
     r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
     assert r.status_code == 200, r.text[:500]
     return r.json()
+
+
+class RemoteEngine:
+    """An engine handle without a local process (a Ray / remote engine): the monitor sees only HTTP."""
+    backend = "ray"
+
+    def __init__(self, url):
+        self.name, self.url, self.api_key = "e0", url, "k"
+
+    def alive(self):
+        return True
+
+    def exit_reason(self):
+        return "running"

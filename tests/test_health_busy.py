@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from conftest import RemoteEngine
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 
 
@@ -29,20 +30,6 @@ def _loads(ts, busy_us):  # the core fields of a real 0.5.23 /v1/loads answer (o
                 "num_active_tokens": 30400, "max_total_num_tokens": 40000, "max_running_requests": 2048,
                 "token_usage": 0.76, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0,
                 "total_prefill_uncached_tokens": busy_us // 100, "total_prefill_busy_us": busy_us}]}
-
-
-class Remote:
-    """An engine handle without a local process (a Ray / remote engine)."""
-    backend = "ray"
-
-    def __init__(self, url):
-        self.name, self.url, self.api_key = "e0", url, "k"
-
-    def alive(self):
-        return True
-
-    def exit_reason(self):
-        return "running"
 
 
 async def _monitor(mode, run_s=1.5, failures=2):
@@ -70,7 +57,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
     try:
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 5), on_dead, interval_s=0.05, failures=failures, alive_poll_s=0.02)
-            eng = Remote(str(server.make_url("")).rstrip("/"))
+            eng = RemoteEngine(str(server.make_url("")).rstrip("/"))
             t0 = time.monotonic()
             m.watch(eng)
             m.start()
@@ -122,4 +109,4 @@ def test_scheduler_cpu_sees_work_and_sigstop():
         child.wait()
     assert cpu0 is not None and cpu1 > cpu0 and not stopped0
     assert stopped2 and cpu3 == cpu2
-    assert scheduler_cpu(Remote("http://x")) == (None, False)
+    assert scheduler_cpu(RemoteEngine("http://x")) == (None, False)

@@ -16,23 +16,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from conftest import RemoteEngine
 from rollout.engines.health import NO_ANSWER, HealthMonitor, http_probe
 
 pytestmark = pytest.mark.timeout(60)
 WINDOW_S = 1.0
-
-
-class Remote:
-    backend = "ray"  # no local process: the probe sees only HTTP
-
-    def __init__(self, url):
-        self.name, self.url, self.api_key = "e0", url, "k"
-
-    def alive(self):
-        return True
-
-    def exit_reason(self):
-        return "running"
 
 
 async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
@@ -68,7 +56,7 @@ async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 0.2), lambda e, r: asyncio.sleep(0), interval_s=0.1, failures=1000,
                               alive_poll_s=0.02, server_window_s=server_window_s)
-            m.watch(Remote(url))
+            m.watch(RemoteEngine(url))
             m.start()
             t0 = time.monotonic()
             while time.monotonic() - t0 < (30.0 if enough else run_s) and not (enough and enough(held)):
@@ -106,7 +94,7 @@ def test_answered_probe_does_not_hold():
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 5), lambda e, r: asyncio.sleep(0), interval_s=0.05, failures=3,
                               alive_poll_s=0.01, server_window_s=30)
-            m.watch(Remote(str(server.make_url("")).rstrip("/")))
+            m.watch(RemoteEngine(str(server.make_url("")).rstrip("/")))
             m.start()
             t0 = time.monotonic()
             while len(m.history) < 5 and time.monotonic() - t0 < 10:
