@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 
+from rollout import tiny_model
 from rollout.tiny_model import EOS, SPECIALS, VOCAB, build_atomic, build_tokenizer, write_checkpoint
 
 BUILDER_VERSION = 1
@@ -45,40 +46,10 @@ def default_path() -> str:
 
 
 def model_config(eos_id: int) -> dict:
-    return {
-        "architectures": ["Glm4MoeForCausalLM"],
-        "model_type": "glm4_moe",
-        "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": 128,
-        "moe_intermediate_size": MOE_INTER,
-        "num_hidden_layers": NUM_LAYERS,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "hidden_act": "silu",
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-        "partial_rotary_factor": 0.5,
-        "attention_bias": True,
-        "use_qk_norm": False,
-        "tie_word_embeddings": False,
-        "n_routed_experts": N_EXPERTS,
-        "num_experts_per_tok": TOP_K,
-        "n_shared_experts": 1,
-        "n_group": N_GROUP,
-        "topk_group": TOPK_GROUP,
-        "first_k_dense_replace": 1,
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5,
-        "num_nextn_predict_layers": 1,
-        "bos_token_id": None,
-        "eos_token_id": eos_id,
-        "pad_token_id": eos_id,
-        "torch_dtype": "bfloat16",
-        "use_cache": True,
-    }
+    return tiny_model.model_config(
+        eos_id, hidden_size=HIDDEN, moe_intermediate_size=MOE_INTER, num_hidden_layers=NUM_LAYERS, head_dim=32,
+        n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_group=N_GROUP, topk_group=TOPK_GROUP,
+        routed_scaling_factor=2.5)
 
 
 def config_hash(seed: int) -> str:

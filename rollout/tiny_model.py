@@ -62,7 +62,8 @@ def default_path(variant: str = "random") -> str:
     return os.path.join(root, ".cache", name)
 
 
-def model_config(eos_id: int) -> dict:
+def model_config(eos_id: int, **sizes) -> dict:
+    """The GLM-4.5 MoE config.json of the tiny models; `sizes` overrides keys (the near-tie model's)."""
     return {
         "architectures": ["Glm4MoeForCausalLM"],
         "model_type": "glm4_moe",
@@ -96,7 +97,7 @@ def model_config(eos_id: int) -> dict:
         "pad_token_id": eos_id,
         "torch_dtype": "bfloat16",
         "use_cache": True,
-    }
+    } | sizes
 
 
 def config_hash(variant: str, seed: int) -> str:
