@@ -1,6 +1,6 @@
 """What routing replay buys: rollout-vs-trainer logprob mismatch without / with R3, on the near-tie model.
 
-A real SGLang CPU engine (rollout/r3/configs/near-tie-cpu.yaml: the near-tie tiny GLM-4.5, 64 experts,
+A real SGLang CPU engine (training_configs/near-tie-cpu.yaml: the near-tie tiny GLM-4.5, 64 experts,
 top-8, 4 groups keep 2, 4 MoE layers, bf16) rolls prompts out through the manager with logprobs and
 routed experts; transformers recomputes the same response tokens in bf16 with its own routing (a) and
 with the captured routing replayed (b). The pair compared is always rollout logprob vs trainer
@@ -19,7 +19,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from _targets import MISS_EXIT, fact, finish, judge, target  # noqa: E402
 
-CONFIG = os.path.join(ROOT, "rollout", "r3", "configs", "near-tie-cpu.yaml")
+CONFIG = os.path.join(ROOT, "training_configs", "near-tie-cpu.yaml")
 AREAL = {"k3_kl": (0.00958, 0.000373), "mean_abs_diff": (0.0322, 0.00607),
          "extreme_frac_ln2": (0.00908, 6.8e-5), "extreme_frac_ln5": (0.00133, 4e-6)}
 

@@ -67,16 +67,16 @@ def load(path) -> TrainingConfig:
     return load_config(preset_path(os.fspath(path)))
 
 
-Builder = Callable[..., str]  # build(folder, seed=N) -> folder of the built checkpoint
+Builder = Callable[..., str]  # build(name, folder, seed=N) -> folder of the built checkpoint
 
 
 def resolve_model(cfg: TrainingConfig, root: str = ".", build: Optional[Builder] = None) -> str:
-    """Absolute model path. When `model.build` names a builder, `build(path, seed)` makes the checkpoint
-    (`build(path, seed=)`: the CLI passes the tiny-model builder); without one an unbuilt model is a one-line error."""
+    """Absolute model path. When `model.build` names a builder, `build(name, path, seed=)` makes the checkpoint
+    (the CLI passes `rollout.models.build`); without one an unbuilt model is a one-line error."""
     path = cfg.model.path
     local = path if os.path.isabs(path) else os.path.join(root, path)
     if cfg.model.build and build:
-        return build(local, seed=cfg.model.seed)
+        return build(cfg.model.build, local, seed=cfg.model.seed)
     if cfg.model.build and not os.path.isfile(os.path.join(local, "config.json")):
         where = os.path.basename(cfg.source) if cfg.source else cfg.name
         raise ConfigError(f"{where}: model.path: {path!r} is not built yet (model.build {cfg.model.build}: "

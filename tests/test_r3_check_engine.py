@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "rollout" / "r3" / "configs"
+CONFIGS = ROOT / "training_configs"
 
 
 def _check(*args, timeout=1200):
@@ -38,7 +38,7 @@ def _judged(out: dict):
 @pytest.mark.e2e
 def test_r3_check_single_engine_and_corrupted_rows(tmp_path):
     model, saved = str(tmp_path / "near-tie"), str(tmp_path / "samples.json")
-    bad = _check("--config", str(CONFIGS / "near-tie-cpu.yaml"), "--model", model, "--build-near-tie",
+    bad = _check("--config", str(CONFIGS / "near-tie-cpu.yaml"), "--model", model,
                  "--corrupt", "shift", "--save-samples", saved, "--log-dir", str(tmp_path / "logs"))
     assert bad.returncode == 1, bad.stderr[-3000:]
     assert "FAIL: replay does not reduce the mismatch" in bad.stdout and "shift-corrupted" in bad.stdout
@@ -72,7 +72,7 @@ def test_r3_check_url_of_a_running_nextn_engine(tmp_path):
 @pytest.mark.e2e
 def test_r3_check_dp_attention_ep_nextn(tmp_path):
     model, logs = str(tmp_path / "near-tie"), tmp_path / "logs"
-    p = _check("--config", str(CONFIGS / "near-tie-cpu-dpattn.yaml"), "--model", model, "--build-near-tie",
+    p = _check("--config", str(CONFIGS / "near-tie-cpu-dpattn.yaml"), "--model", model,
                "--json", "--log-dir", str(logs))
     assert p.returncode == 0, p.stderr[-3000:]
     _judged(json.loads(p.stdout))

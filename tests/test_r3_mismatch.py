@@ -1,7 +1,7 @@
 """R3's effect on recorded real-engine output, the metrics' definitions, and corrupted rows failing.
 
 tests/facts/r3-near-tie-sglang-0.5.23.json was written by
-`slime-moe-rollout r3 check --config rollout/r3/configs/near-tie-cpu.yaml --build-near-tie --save-samples ...`
+`slime-moe-rollout r3 check --config training_configs/near-tie-cpu.yaml --save-samples ...`
 against a REAL SGLang 0.5.23 CPU engine: 16 samples (prompt, response tokens, the engine's logprob of
 each, its captured routed experts). The trainer side here is the real transformers forward.
 """

@@ -21,7 +21,7 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     num_shared_experts: int
     num_nextn_predict_layers: int MTP layers (EAGLE draft without a separate draft model)
     hidden_size, num_attention_heads, num_key_value_heads, vocab_size: int|null
-    build: str|null               local builder used when `path` does not exist (only "tiny-glm45")
+    build: str|null               local builder of the checkpoint at `path`: "tiny-glm45" or "near-tie-glm45"
     seed: int                     seed for `build`
   cluster:                        ClusterConfig
     nodes: int, gpus_per_node: int, device: "cuda"|"cpu"
@@ -109,7 +109,7 @@ class ModelConfig:
     num_attention_heads: Optional[int] = _f(None, min=1)
     num_key_value_heads: Optional[int] = _f(None, min=1)
     vocab_size: Optional[int] = _f(None, min=1)
-    build: Optional[str] = _f(None, choices=("tiny-glm45",))
+    build: Optional[str] = _f(None, choices=("tiny-glm45", "near-tie-glm45"))
     seed: int = 0
 
     @property

@@ -28,9 +28,8 @@ def add_parser(sub) -> None:
     src.add_argument("--samples", help="recorded rollout samples (JSON written by --save-samples)")
     c.add_argument("--api-key-env", metavar="VAR", default=None,
                    help="with --url: the environment variable holding the engine's API key (never on argv)")
-    c.add_argument("--model", help="checkpoint for the trainer recompute (default: the config's model path)")
-    c.add_argument("--build-near-tie", action="store_true",
-                   help="build the near-tie tiny GLM-4.5 at the model path first (rollout/near_tie_model.py)")
+    c.add_argument("--model", help="checkpoint for the trainer recompute and the engines (default: the config's "
+                   "model path; a config's model.build writes it there)")
     c.add_argument("--prompts", type=positive_int, default=None, help="prompts to roll out (default: rollout.batch_size)")
     c.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts")
     c.add_argument("--max-new-tokens", type=positive_int, default=None, help="override the sampling budget")
@@ -58,9 +57,9 @@ def main(args) -> int:
     model_path = args.model or (cfg.model.path if cfg else None)
     if model_path is None:
         raise CliError("r3 check: --model is required with --url or --samples")
-    if args.build_near_tie:
-        from rollout.near_tie_model import build_near_tie_glm
-        model_path = build_near_tie_glm(model_path, seed=cfg.model.seed if cfg else 0)
+    if cfg and cfg.model.build:
+        from rollout import models
+        model_path = models.build(cfg.model.build, model_path, seed=cfg.model.seed)
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise CliError(f"r3 check: {model_path} is not a checkpoint directory (no config.json)")
     model_path = os.path.abspath(model_path)

@@ -73,9 +73,9 @@ def _vocab(cfg, model_path: str) -> int:
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
     from rollout import group_log
+    from rollout import models
     from rollout.config import resolve_model
     from rollout.errors import CliError
-    from rollout.tiny_model import build_tiny_glm
     from training_configs.schema import ConfigError, load_config
 
     if args.config is None and not args.resume:
@@ -88,7 +88,7 @@ def main(args) -> int:
     meta = _resumed_run(args) if args.resume else None
     try:
         cfg = load_config(args.config)
-        model_path = resolve_model(cfg, build=build_tiny_glm)
+        model_path = resolve_model(cfg, build=models.build)
     except ConfigError as e:
         raise CliError(str(e)) from None
     if args.base_port is not None:
