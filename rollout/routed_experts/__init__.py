@@ -11,6 +11,8 @@ Its parts and the trainer side:
 
 - ``MoELayout.from_hf_config(cfg)`` / ``from_model`` / ``from_first_k_dense`` / ``from_layer_freq``.
 - ``decode_compact(payload, layout, num_tokens, start_len=0)``: decode + validate, raising ``RoutedExpertsError``.
+- ``decode_wire`` / ``engine_offers`` / ``opt_in``: the compact format an engine with the plugin's
+  ``compact-routed-experts`` feature sends to the requests that ask for it (``wire``).
 - ``merge_segments(held, new, start_len)``: partial-rollout join of compact arrays, with its shape checks.
 - ``for_trainer`` / ``to_slime_shape``: compact tensor, or slime's int32 all-layer tensor.
 - ``pack_replay_indices(samples, layout, ...)`` / ``load_replay(...)``: per-MoE-layer ``[N, topk]``
@@ -26,9 +28,10 @@ from .megatron_replay import load_replay, pack_replay_indices
 from .merge import continuation_start, merge_segments, sample_routed_experts
 from .slime_shape import bytes_per_token, for_trainer, to_slime_shape
 from .validate import decode_compact
+from .wire import decode_wire, engine_offers, opt_in, wire_layout
 
 __all__ = [
     "MoELayout", "RoutedExpertsError", "bytes_per_token", "continuation_start", "decode_compact", "decode_int32",
-    "encode_sglang", "expand", "for_trainer", "load_replay", "merge_segments", "pack_replay_indices",
-    "sample_routed_experts", "to_slime_shape",
+    "decode_wire", "encode_sglang", "engine_offers", "expand", "for_trainer", "load_replay", "merge_segments",
+    "opt_in", "pack_replay_indices", "sample_routed_experts", "to_slime_shape", "wire_layout",
 ]
