@@ -99,34 +99,36 @@ def header(layout: dict, rows: int, start_len: int) -> bytes:
 
 def encode(full, layout: dict, start_len: int = 0):
     """int ``[rows, num_hidden_layers, topk]`` torch tensor -> uint8 tensor (header + compact body), or None
-    when it cannot be compacted safely (other shape, a non-MoE layer not all zeros, an id out of range)."""
+    when it cannot be compacted safely (other shape, a non-MoE layer not all zeros, an id out of range).
+    Works on a numpy view of the tensor (torch's reductions over strided views are far slower on CPU)."""
+    import numpy as np
     import torch
 
     L, K, E = layout["num_hidden_layers"], layout["topk"], layout["num_experts"]
-    if full.dim() != 3 or tuple(full.shape[1:]) != (L, K):
+    if full.dim() != 3 or tuple(full.shape[1:]) != (L, K) or full.dtype not in (torch.int32, torch.int64):
         return None
+    arr = full.numpy()
     runs = layout["moe_layers"]
     if len(runs) == 1:
         a, b = runs[0]
-        moe = full[:, a:b]
-        if (a and full[:, :a].any()) or (b < L and full[:, b:].any()):
+        moe = arr[:, a:b]
+        if (a and arr[:, :a].any()) or (b < L and arr[:, b:].any()):
             return None
     else:
         keep = run_layers(runs)
         dense = [i for i in range(L) if i not in set(keep)]
-        if dense and full[:, dense].any():
+        if dense and arr[:, dense].any():
             return None
-        moe = full[:, keep]
-    if moe.numel():
-        lo, hi = torch.aminmax(moe)
-        if lo < 0 or hi >= E:
-            return None
-    head = header(layout, full.shape[0], start_len)
-    dtype = torch.uint8 if layout["dtype"] == "uint8" else torch.int16
-    out = torch.empty(len(head) + moe.numel() * dtype.itemsize, dtype=torch.uint8)
-    out[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-    out[len(head):].view(dtype).view(moe.shape).copy_(moe)
-    return out
+        moe = arr[:, keep]
+    unsigned = np.uint32 if arr.dtype.itemsize == 4 else np.uint64
+    if moe.size and moe.view(unsigned).max() >= E:   # a negative id wraps to a huge one
+        return None
+    head = header(layout, arr.shape[0], start_len)
+    dtype = np.dtype(layout["dtype"])
+    out = np.empty(len(head) + moe.size * dtype.itemsize, dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    np.copyto(out[len(head):].view(dtype).reshape(moe.shape), moe, casting="unsafe")
+    return torch.from_numpy(out)
 
 
 def split_b64(s: str):
