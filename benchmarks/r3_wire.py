@@ -10,7 +10,8 @@ plugin's compact format (`compact-routed-experts`), synthetic payloads of the re
                  slime's: b64decode -> torch.frombuffer(int32) -> reshape [T-1, 92, 8] (no checks).
   step_memory    peak host memory of one rollout step's routed experts (--samples x --tokens, answers
                  arriving one at a time, every sample's array held), each arm in its own process (peak RSS
-                 since a reset of VmHWM, over its RSS then): ours on the compact wire vs slime's path on int32.
+                 since a reset of VmHWM, over its RSS then): ours on the compact wire vs slime's path on int32;
+                 slime's plugin mode (compact wire, converted to slime's int32 once per sample) as a fact.
 Runs alternate a, b, a, b, ...; time ratios are medians of b/a over pairs.
 """
 import argparse
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 
 from _targets import fact, finish, judge  # noqa: E402
 from routed_experts import GLM45, slime_path  # noqa: E402
-from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts, wire_layout  # noqa: E402
+from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts, to_slime_shape, wire_layout  # noqa: E402
 from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
 from sglang_patches.features import routed_experts_wire as wire  # noqa: E402
 
@@ -65,6 +66,11 @@ def client_ours(body, T):
     return arr
 
 
+def client_adapter(body, T):
+    """slime's plugin mode: compact until handed to slime, then slime's int32 shape once."""
+    return to_slime_shape(client_ours(body, T), LAYOUT)
+
+
 def timed(fn, *args):
     t0 = time.perf_counter()
     out = fn(*args)
@@ -87,7 +93,7 @@ def step_child(arm: str, body_path: str, samples: int, tokens: int) -> None:
     the baseline (imports and the template body loaded) and what it holds."""
     with open(body_path, "rb") as f:
         template = f.read()
-    client = client_ours if arm == "ours" else client_slime
+    client = {"ours": client_ours, "slime": client_slime, "adapter": client_adapter}[arm]
     client(bytes(bytearray(template)), tokens)   # warm (lazy imports), then dropped
     with open("/proc/self/clear_refs", "w") as f:   # reset the peak (VmHWM) to the current RSS
         f.write("5")
@@ -164,6 +170,9 @@ def main(argv=None):
          f"{4096 * 4095 * LAYOUT.num_hidden_layers * LAYOUT.topk * 4 / 2**30:.1f} vs "
          f"{4096 * 4095 * LAYOUT.num_moe_layers * LAYOUT.topk / 2**30:.1f} GiB")
     judge("r3_wire", "step_memory", pb["peak_mib"] / pa["peak_mib"])
+    pc = step_peak("adapter", body_b, args.samples, T)
+    fact("r3_wire", f"slime plugin mode (compact wire, slime's int32 handed over per sample): peak "
+         f"{pc['peak_mib']:.0f} MiB = {pc['peak_mib'] / pa['peak_mib']:.2f}x slime's path (its trainer holds int32)")
     return finish()
 
 

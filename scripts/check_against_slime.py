@@ -220,8 +220,12 @@ def main(config, model_path, addrs):
     os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = config
 
     def plugin():
-        out["p"], line = train_data(args, generate_rollout(args, 1, DataSource(prompts, 2)).samples, plugin=True)
-        return line
+        res = generate_rollout(args, 1, DataSource(prompts, 2))
+        out["p"], line = train_data(args, res.samples, plugin=True)
+        compact = res.metrics.get("rollout/compact_routed_engines")
+        if args.use_rollout_routing_replay and compact != len(infos):
+            raise AssertionError(f"compact routed experts on {compact} of {len(infos)} engines (plugin feature off?)")
+        return f"{line}; compact wire on {compact} engine(s)"
     step("rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode), slime's conversion "
          "+ R3 validation", plugin)
     step("slime's replay preparation on plugin mode's routed experts", lambda: replay(out["p"]))

@@ -9,7 +9,8 @@ groups through the manager (least-outstanding dispatch, stragglers aborted and c
 to the next step). Per group, as slime does: the request slime sends (`attach.sampling_from_args`,
 per-index seeds, budget `max_new_tokens - response_length`); every SGLang answer replayed through slime's
 `Sample.append_response_tokens` (SGLang's text, logprobs, loss mask, top-p spans, weight versions, status);
-`rollout_routed_experts` in slime's `[len(tokens)-1, num_layers, topk]` int32; slime's sample hooks, then
+`rollout_routed_experts` in slime's `[len(tokens)-1, num_layers, topk]` int32 (kept compact until the sample
+is handed over: engines that advertise it send the compact wire format); slime's sample hooks, then
 `async_rm` per sample, or `batched_async_rm` on the group with `--group-rm`; slime's dynamic filter with
 its drop metrics; groups sorted by `index`; then slime's sample filter and all-samples process.
 `Sample.rollout_id` is left as the data source gave it (slime: one id per rollout *execution*).
@@ -131,7 +132,10 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
         dst.status = Sample.Status.FAILED
         dst.metadata = dict(dst.metadata or {}, slime_moe_rollout_error=src.error)
     if src.routed_experts is not None and layout is not None:
+        # the one conversion, when the sample is handed to slime: until then it stayed compact (as it came
+        # from an engine with the compact feature); the compact copy is let go
         dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
+        src.routed_experts = None
     return dst
 
 
@@ -265,7 +269,9 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
     metrics.update({"rollout/groups": len(data), "rollout/carried": results[-1].carried if results else 0,
                     "rollout/resent": sum(r.resent for r in results),
                     "rollout/first_group_s": results[0].first_group_s if results else None,
-                    "rollout/wall_s": sum(r.wall_s for r in results)})
+                    "rollout/wall_s": sum(r.wall_s for r in results),
+                    "rollout/compact_routed_engines": sum(f.endswith(": compact")
+                                                              for f in getattr(backend, "routed_formats", {}).values())})
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
