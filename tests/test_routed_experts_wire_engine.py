@@ -14,7 +14,8 @@ import pytest
 import requests
 
 from rollout.net import auth_headers
-from rollout.routed_experts import MoELayout, decode_int32, engine_offers, opt_in, sample_routed_experts
+from rollout.routed_experts import (MoELayout, decode_int32, encode_sglang, engine_offers, expand, opt_in,
+                                    sample_routed_experts)
 from sglang_patches.features.routed_experts_wire import LAYOUT_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -51,6 +52,8 @@ def compare_formats(engine, dp_rank=None) -> dict:
                 assert mi[LAYOUT_KEY]["rows"] == tokens - 1 and mi[LAYOUT_KEY]["dtype"] == "uint8", mi[LAYOUT_KEY]
             arr, why = sample_routed_experts(mi, tokens, LAY)
             assert why is None, f"{fmt}: {why}"
+            if fmt == "int32":   # byte for byte what SGLang encodes for these rows (dense layers as zeros)
+                assert mi["routed_experts"] == encode_sglang(expand(arr, LAY))
             got[fmt] = (out["output_ids"], arr)
             for i, v in enumerate((len(mi["routed_experts"]), body, tokens - 1)):
                 sizes[fmt][i] += v
