@@ -106,7 +106,7 @@ class RolloutManager:
         self._listing: Optional[asyncio.Future] = None
         self._listed_at = 0.0
         self.empty_wait_s = 0.0                      # set by attach(discover=...)
-        self.routed_formats: dict[str, str] = {}     # engine -> "compact", or "int32: why" (probed at admission)
+        self.routed_formats: dict[str, str] = {}     # engine -> "routed experts: compact" or ": int32 (why)"
 
     @classmethod
     def from_config(cls, cfg, backend, model_path: str, *, api_key=None, ports=None, **kw):

@@ -11,7 +11,9 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
 2. plugin mode: `rollout.slime.generate_rollout` sends to the workers slime's router lists; its output
    must carry routed experts, pass slime's conversion (R3 validation) and slime's replay preparation
    (`prepare_routed_experts_for_routing_replay`, megatron-core on gloo, in a subprocess), and equal
-   transformers' router top-k on the same tokens;
+   transformers' router top-k on the same tokens; the engines must have sent compact routed experts;
+   then again with SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1: slime holds compact uint8 tensors, its own
+   validation and replay preparation (with `rollout.routed_experts.slime_compact.install`) pass;
 3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
 slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
 functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
@@ -109,9 +111,10 @@ def train_data(args, samples, plugin=False):
                   f"{[tuple(x.shape) for x in re][:2]}")
 
 
-def _blob(data) -> str:
+def _blob(data, compact_args=None) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"]}, fh)
+        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"],
+                   "compact": compact_args}, fh)
     return fh.name
 
 
@@ -124,10 +127,10 @@ def _child(argv) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def replay(data):
+def replay(data, compact_args=None):
     """slime's prepare_routed_experts_for_routing_replay on the converted data (tests/test_slime_real.py's
-    worker: megatron-core parallel state on gloo, one rank)."""
-    path = _blob(data)
+    worker: megatron-core parallel state on gloo, one rank; `compact_args`: with slime_compact.install)."""
+    path = _blob(data, compact_args)
     res = _child([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker", path])
     os.unlink(path)
     rows = sum(len(t) for t in data["tokens"])
@@ -231,6 +234,21 @@ def main(config, model_path, addrs):
     step("slime's replay preparation on plugin mode's routed experts", lambda: replay(out["p"]))
     step("plugin mode's routed experts == transformers' router top-k", lambda: versus_transformers(model_path,
                                                                                                  out["p"]))
+    def compact_trainer():
+        from rollout.routed_experts import slime_compact
+        os.environ[slime_compact.ENV] = "1"
+        try:
+            data, line = train_data(args, generate_rollout(args, 2, DataSource(prompts, 2)).samples, plugin=True)
+        finally:
+            os.environ.pop(slime_compact.ENV)
+        dtypes = sorted({str(x.dtype) for x in data["rollout_routed_experts"]})
+        if dtypes != ["torch.uint8"]:
+            raise AssertionError(f"slime holds {dtypes}, not compact uint8")
+        keys = ("num_layers", "moe_layer_freq", "num_experts", "moe_router_topk")
+        return f"{line}, {dtypes[0]}; {replay(data, {k: getattr(args, k) for k in keys})}"
+    if args.use_rollout_routing_replay:
+        step("compact until replay (SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1): slime's conversion + R3 validation, "
+             "slime's replay preparation", compact_trainer)
     step("rollout.slime.generate_rollout(evaluation=True) -> slime's eval rollout", lambda: eval_step(args, prompts))
     from rollout.slime import reset
     reset()

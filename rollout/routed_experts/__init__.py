@@ -19,6 +19,8 @@ Its parts and the trainer side:
   tensors for megatron-core's ``RouterReplay.set_replay_data``; padding rows spread over EP ranks.
 - ``slime_replay_padding.install``: the same padding for slime's own trainer
   (``--custom-megatron-init-path rollout.routed_experts.slime_replay_padding.install``).
+- ``slime_compact``: opt-in, slime keeps the compact arrays until replay (its own validation and
+  replay preparation run on each sample expanded to its int32 shape).
 """
 from rollout.errors import RoutedExpertsError
 
