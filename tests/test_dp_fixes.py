@@ -17,7 +17,8 @@ def _hooked():
     from sglang_patches.registry import all_fixes
     from sglang_patches.states import FixState
 
-    return [f.name for f in all_fixes() if f.family == "dp-attention" and f.ports[VARIANT].state is FixState.ACTIVE]
+    return [f.name for f in all_fixes() if f.family in ("dp-attention", "feature")
+            and f.ports[VARIANT].state is FixState.ACTIVE]
 
 
 def _check_fix(results, fix):
