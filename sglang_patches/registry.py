@@ -12,7 +12,8 @@ their targets, or is hook-less: upstream (SGLang fixed it: guard test), not-need
 there but no supported configuration reaches it: the reason and a test say why), absent (the
 defective code does not exist there). Tables reuse each other's Ports by reference wherever the
 hooked source is identical. A fix a table does not list is idle where its family is idle, and
-refused otherwise.
+refused otherwise. Opt-in features (family "feature", `sglang_patches/features/`) are judged the same
+way; their Ports live in `sglang_patches/features/ports.py` and `table` merges them in.
 
 Adding a variant (e.g. SGLang 0.5.24):
   1. `requirements/sglang-0.5.24.txt` (the wheel + the pins that differ from .venv), then
