@@ -136,7 +136,10 @@ def replay(data, compact_args=None):
     rows = sum(len(t) for t in data["tokens"])
     if res["shape"][0] != rows or not res["equal_to_captured"]:
         raise AssertionError(f"replay tensor {res} for {rows} token rows")
-    return f"replay tensor {res['shape']}, equal to the captured rows"
+    if compact_args and "not enough values to unpack" not in res["unhooked"]:
+        raise AssertionError(f"slime's own preparation took the compact tensors unhooked: {res['unhooked']}")
+    return f"replay tensor {res['shape']}, equal to the captured rows" + (
+        f" (without the trainer-side install: {res['unhooked'][:60]})" if compact_args else "")
 
 
 VERSUS_HF = """

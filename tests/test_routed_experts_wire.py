@@ -167,6 +167,8 @@ def test_slime_compact_expands_and_refuses_unreviewed_slime(monkeypatch, capsys)
     full = synthetic_full(5, lay)
     compact = torch.from_numpy(np.ascontiguousarray(full[:, 1:].astype(np.uint8)))
     assert torch.equal(sc.to_slime(compact, lay), torch.from_numpy(full))
+    handed = sc.for_slime(compact.numpy())
+    assert handed.shape == (5, 8) and torch.equal(sc.to_slime(handed, lay), torch.from_numpy(full))
     assert sc.to_slime(torch.from_numpy(full), lay).dtype == torch.int32
     assert [x.shape for x in sc._Expanded([compact, compact], lay)] == [(5, 3, 4)] * 2
     fake = types.ModuleType(sc.ROLLOUT)

@@ -1,10 +1,12 @@
 """Opt-in: slime keeps ``rollout_routed_experts`` compact until replay (plugin mode).
 
 With ``SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1`` in slime's rollout process the adapter hands slime each
-sample's compact tensor (``[len(tokens)-1, num_moe_layers, topk]`` uint8/int16, 712 B/token for GLM-4.5
-instead of slime's int32 2,944): slime's train data, its per-DP-rank split and the Ray objects it puts
-stay compact. Two wrappers, no slime code copied, each refusing (stderr, nothing changed) when slime's
-source differs from the reviewed one:
+sample's compact tensor as 2-D ``[len(tokens)-1, num_moe_layers * topk]`` uint8/int16 (712 B/token for
+GLM-4.5 instead of slime's int32 2,944): slime's train data, its per-DP-rank split and the Ray objects it
+puts stay compact. 2-D on purpose: a trainer without the trainer-side wrapper fails at once in slime's
+``_pad_routed_experts`` (it unpacks three dimensions) instead of replaying the wrong layers. Two
+wrappers, no slime code copied, each refusing (stderr, nothing changed) when slime's source differs from
+the reviewed one:
 
 - rollout side (installed by the adapter): ``validate_rollout_routed_experts_for_replay`` as bound in
   ``slime.ray.rollout`` runs slime's own validation on each sample expanded to slime's int32 shape, one
@@ -48,11 +50,18 @@ def layout_from_args(args) -> MoELayout:
                                      int(args.num_layers))
 
 
+def for_slime(compact_arr) -> torch.Tensor:
+    """The adapter's hand-over: a compact ``[rows, num_moe_layers, topk]`` array as 2-D ``[rows, M * topk]``."""
+    return torch.from_numpy(compact_arr.reshape(compact_arr.shape[0], -1))
+
+
 def to_slime(experts, layout: MoELayout):
-    """A compact tensor -> slime's int32 ``[rows, num_layers, topk]``; slime's own shape is passed through."""
+    """A compact tensor (2-D hand-over or 3-D) -> slime's int32 ``[rows, num_layers, topk]``; slime's own
+    int32/int64 tensors are passed through."""
     t = torch.as_tensor(experts)
     if t.dtype in (torch.uint8, torch.int16):
-        return torch.from_numpy(expand(t.numpy(), layout))
+        arr = t.numpy().reshape(t.shape[0], layout.num_moe_layers, layout.topk)
+        return torch.from_numpy(expand(arr, layout))
     return t
 
 

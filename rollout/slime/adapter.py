@@ -32,7 +32,7 @@ import inspect
 import itertools
 import threading
 
-from rollout.routed_experts import decode_compact, for_trainer, slime_compact, to_slime_shape
+from rollout.routed_experts import decode_compact, slime_compact, to_slime_shape
 from rollout.slime import attach
 from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
 from rollout.types import Sample as ManagerSample
@@ -134,7 +134,7 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
         dst.metadata = dict(dst.metadata or {}, slime_moe_rollout_error=src.error)
     if src.routed_experts is not None and layout is not None:
         if slime_compact.enabled() and slime_compact.install_rollout_side():   # compact until replay (opt-in)
-            dst.rollout_routed_experts = for_trainer(src.routed_experts, layout, compact_path=True)
+            dst.rollout_routed_experts = slime_compact.for_slime(src.routed_experts)
         else:   # the one conversion, when the sample is handed to slime: compact until then
             dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
         src.routed_experts = None
