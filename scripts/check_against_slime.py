@@ -13,7 +13,8 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
    (`prepare_routed_experts_for_routing_replay`, megatron-core on gloo, in a subprocess), and equal
    transformers' router top-k on the same tokens; the engines must have sent compact routed experts;
    then again with SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1: slime holds compact uint8 tensors, its own
-   validation and replay preparation (with `rollout.routed_experts.slime_compact.install`) pass;
+   validation and replay preparation (with `rollout.routed_experts.slime_compact.install`) pass; each
+   rollout step's peak host memory (slime's own vs the adapter's, same engines) is printed;
 3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
 slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
 functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
@@ -167,6 +168,21 @@ def versus_transformers(model_path, data):
     return f"{res['rows']} token rows, every MoE layer"
 
 
+def _status_mib(key: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith(key)) / 1024
+
+
+def measured(peaks: dict, name: str, fn):
+    """Run `fn`; peaks[name] = its peak RSS (VmHWM, reset first) over the RSS it started with, MiB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_mib("VmRSS:")
+    out = fn()
+    peaks[name] = _status_mib("VmHWM:") - base
+    return out
+
+
 def step(name, fn):
     try:
         print(f"[ok] {name}: {fn()}", flush=True)
@@ -221,12 +237,14 @@ def main(config, model_path, addrs):
     step("router /workers (every engine registered)", registered)
     prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
     out = {}
+    peaks = {}
     step("slime's own generate_rollout (managed mode, through slime's router)",
-         lambda: train_data(args, sglang_rollout.generate_rollout(args, 0, DataSource(prompts, 2)).samples)[1])
+         lambda: train_data(args, measured(peaks, "slime", lambda: sglang_rollout.generate_rollout(
+             args, 0, DataSource(prompts, 2))).samples)[1])
     os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = config
 
     def plugin():
-        res = generate_rollout(args, 1, DataSource(prompts, 2))
+        res = measured(peaks, "adapter", lambda: generate_rollout(args, 1, DataSource(prompts, 2)))
         out["p"], line = train_data(args, res.samples, plugin=True)
         compact = res.metrics.get("rollout/compact_routed_engines")
         if args.use_rollout_routing_replay and compact != len(infos):
@@ -234,6 +252,9 @@ def main(config, model_path, addrs):
         return f"{line}; compact wire on {compact} engine(s)"
     step("rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode), slime's conversion "
          "+ R3 validation", plugin)
+    step("rollout step's peak host memory over its start (VmHWM), same engines",
+         lambda: f"slime's generate_rollout {peaks['slime']:.1f} MiB, the adapter's {peaks['adapter']:.1f} MiB "
+                 "(tiny model: routed experts are a few KiB; slime's arm got none through its router)")
     step("slime's replay preparation on plugin mode's routed experts", lambda: replay(out["p"]))
     step("plugin mode's routed experts == transformers' router top-k", lambda: versus_transformers(model_path,
                                                                                                  out["p"]))
