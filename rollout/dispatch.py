@@ -8,7 +8,8 @@ connection errors are re-sent after a bounded exponential backoff. With routed e
 abort that brings no `routed_experts` (SGLang aborts a request still queued when the batch fills
 that way, see tests/facts/) keeps none of that attempt's tokens: the sample stays `aborted` as it was
 before the attempt and is resumed later, so every kept token has its routing row. Every answer's
-routed experts go through `routed_experts.sample_routed_experts` (decode, validate, merge segments).
+routed experts go through `routed_experts.sample_routed_experts` (decode, validate, merge segments);
+an engine admitted with `compact` is asked for them in the plugin's compact format (either is decoded).
 Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
 per-call `sampling` override of `run`.
@@ -25,7 +26,7 @@ import aiohttp
 
 from rollout.net import auth_headers
 from rollout.errors import EngineLost, one_line, short_error
-from rollout.routed_experts import MoELayout, continuation_start, sample_routed_experts
+from rollout.routed_experts import MoELayout, continuation_start, opt_in, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus
 
 
@@ -38,6 +39,7 @@ class _Slot:
         self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
         self.lost: set = set()                        # rids cancelled by remove()
         self.version: Optional[str] = None            # weight version the engine reported last
+        self.compact = False                          # ask for compact routed experts (engine advertises them)
         self.headers = auth_headers(engine.api_key)
 
 
@@ -71,10 +73,12 @@ class Dispatcher:
         return self.layout is not None
 
     # ------------------------------------------------------------------ engines
-    async def admit(self, engine, weight_version: Optional[str] = None) -> None:
+    async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False) -> None:
+        """`compact`: the engine advertised compact routed experts for this model (asked for per request)."""
         async with self._cond:
             slot = self.slots[engine.name] = _Slot(engine, self.capacity)
             slot.version = None if weight_version is None else str(weight_version)
+            slot.compact = bool(compact) and self.routed_experts
         self._wake_all()
 
     async def remove(self, engine) -> int:
@@ -165,8 +169,9 @@ class Dispatcher:
         """Tokens the sample may still generate: its budget (`max_new_tokens`) minus its response."""
         return int(sample.max_new_tokens or self.sampling.get("max_new_tokens", 16)) - len(sample.response_ids)
 
-    def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None) -> dict:
-        """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`."""
+    def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None, compact: bool = False) -> dict:
+        """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`;
+        `compact`: routed experts asked for in the compact format (the engine advertised it)."""
         sp = dict(self.sampling if sampling is None else sampling)
         if self.seeds and sampling is None:
             sp["sampling_seed"] = self.seeds[sample.index % len(self.seeds)]
@@ -177,6 +182,8 @@ class Dispatcher:
             start = continuation_start(sample.routed_experts, len(sample.tokens))
             if start:
                 body["routed_experts_start_len"] = start
+            if compact:
+                body["sampling_params"] = opt_in(sp)
         return body
 
     async def run(self, sample: Sample, sampling: Optional[dict] = None) -> Sample:
@@ -212,7 +219,7 @@ class Dispatcher:
             slot.inflight[rid] = task
             sample.sent_version = slot.version
             try:
-                out = await self._post(slot, self.payload(sample, rid, sampling))
+                out = await self._post(slot, self.payload(sample, rid, sampling, slot.compact))
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager

@@ -36,7 +36,7 @@ from rollout.dispatch import Dispatcher
 from rollout.engines.health import HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe
 from rollout.engines.readiness import NullView, auth_headers, wait_ready
 from rollout.errors import EnginesLost, WeightVersionError, one_line
-from rollout.routed_experts import MoELayout
+from rollout.routed_experts import MoELayout, engine_offers
 from rollout.types import EngineEvent, Group, Sample, SampleStatus, group_id
 
 __all__ = ["EnginesLost", "Event", "RolloutManager", "RolloutResult", "WeightVersionError", "group_record"]
@@ -106,6 +106,7 @@ class RolloutManager:
         self._listing: Optional[asyncio.Future] = None
         self._listed_at = 0.0
         self.empty_wait_s = 0.0                      # set by attach(discover=...)
+        self.routed_formats: dict[str, str] = {}     # engine -> "routed experts: compact" or ": int32 (why)"
 
     @classmethod
     def from_config(cls, cfg, backend, model_path: str, *, api_key=None, ports=None, **kw):
@@ -178,7 +179,8 @@ class RolloutManager:
         self._discover, self.empty_wait_s = discover, empty_wait_s
         self.dispatcher = self._dispatcher(self._relist_after_error if discover else None)
         for endpoint in endpoints:
-            await self.dispatcher.admit(endpoint, await self.reported_version(endpoint))
+            await self.dispatcher.admit(endpoint, await self.reported_version(endpoint),
+                                        await self.offers_compact(endpoint))
         if discover is not None:
             try:
                 await self.relist()
@@ -210,7 +212,7 @@ class RolloutManager:
                 await self.dispatcher.remove(slot.engine)
         for e in send:
             if e.name not in self.dispatcher.slots:
-                await self.dispatcher.admit(e, await self.reported_version(e))
+                await self.dispatcher.admit(e, await self.reported_version(e), await self.offers_compact(e))
         self._listed_at = time.monotonic()
         if send:
             await self.dispatcher.reopen()
@@ -236,9 +238,9 @@ class RolloutManager:
         except BaseException:
             await asyncio.to_thread(engine.stop)
             raise
-        await self.dispatcher.admit(engine, info.weight_version)
+        await self.dispatcher.admit(engine, info.weight_version, await self.offers_compact(engine))
         self.monitor.watch(engine)
-        self.log(spec.name, EngineEvent.ADMITTED)
+        self.log(spec.name, EngineEvent.ADMITTED, self.routed_formats.get(spec.name, ""))
         return engine
 
     async def stop(self) -> None:
@@ -282,6 +284,21 @@ class RolloutManager:
             return await self.engine_weight_version(engine)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
             return None
+
+    async def offers_compact(self, engine) -> bool:
+        """Probed once per admission: does the engine advertise compact routed experts for this model
+        (`/server_info`)? If not, it is asked for SGLang's int32 format; `routed_formats` says why."""
+        if self.layout is None:
+            return False
+        try:
+            async with self.session.get(engine.url + "/server_info", headers=auth_headers(engine.api_key),
+                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+                info = await r.json() if r.status == 200 else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            info = {"internal_states": None, "error": one_line(e)}
+        ok, why = engine_offers(info, self.layout)
+        self.routed_formats[engine.name] = "routed experts: compact" if ok else f"routed experts: int32 ({why})"
+        return ok
 
     # ------------------------------------------------------------------ recovery
     async def _on_error(self, engine) -> None:

@@ -11,7 +11,10 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
 2. plugin mode: `rollout.slime.generate_rollout` sends to the workers slime's router lists; its output
    must carry routed experts, pass slime's conversion (R3 validation) and slime's replay preparation
    (`prepare_routed_experts_for_routing_replay`, megatron-core on gloo, in a subprocess), and equal
-   transformers' router top-k on the same tokens;
+   transformers' router top-k on the same tokens; the engines must have sent compact routed experts;
+   then again with SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1: slime holds compact uint8 tensors, its own
+   validation and replay preparation (with `rollout.routed_experts.slime_compact.install`) pass; each
+   rollout step's peak host memory (slime's own vs the adapter's, same engines) is printed;
 3. the eval path: `rollout.slime.generate_rollout(..., evaluation=True)` runs slime's eval rollout.
 slime's argument parser needs Megatron; `args` is a namespace with slime's defaults for what these
 functions read. The data source is a STAND-IN (slime's needs a prompt file and its buffer).
@@ -109,9 +112,10 @@ def train_data(args, samples, plugin=False):
                   f"{[tuple(x.shape) for x in re][:2]}")
 
 
-def _blob(data) -> str:
+def _blob(data, compact_args=None) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"]}, fh)
+        json.dump({"experts": [x.tolist() for x in data["rollout_routed_experts"]], "tokens": data["tokens"],
+                   "compact": compact_args}, fh)
     return fh.name
 
 
@@ -124,16 +128,19 @@ def _child(argv) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def replay(data):
+def replay(data, compact_args=None):
     """slime's prepare_routed_experts_for_routing_replay on the converted data (tests/test_slime_real.py's
-    worker: megatron-core parallel state on gloo, one rank)."""
-    path = _blob(data)
+    worker: megatron-core parallel state on gloo, one rank; `compact_args`: with slime_compact.install)."""
+    path = _blob(data, compact_args)
     res = _child([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker", path])
     os.unlink(path)
     rows = sum(len(t) for t in data["tokens"])
     if res["shape"][0] != rows or not res["equal_to_captured"]:
         raise AssertionError(f"replay tensor {res} for {rows} token rows")
-    return f"replay tensor {res['shape']}, equal to the captured rows"
+    if compact_args and "not enough values to unpack" not in res["unhooked"]:
+        raise AssertionError(f"slime's own preparation took the compact tensors unhooked: {res['unhooked']}")
+    return f"replay tensor {res['shape']}, equal to the captured rows" + (
+        f" (without the trainer-side install: {res['unhooked'][:60]})" if compact_args else "")
 
 
 VERSUS_HF = """
@@ -159,6 +166,21 @@ def versus_transformers(model_path, data):
     if res["bad_layers"]:
         raise AssertionError(f"MoE layers {res['bad_layers']} differ from transformers' router")
     return f"{res['rows']} token rows, every MoE layer"
+
+
+def _status_mib(key: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith(key)) / 1024
+
+
+def measured(peaks: dict, name: str, fn):
+    """Run `fn`; peaks[name] = its peak RSS (VmHWM, reset first) over the RSS it started with, MiB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_mib("VmRSS:")
+    out = fn()
+    peaks[name] = _status_mib("VmHWM:") - base
+    return out
 
 
 def step(name, fn):
@@ -215,18 +237,42 @@ def main(config, model_path, addrs):
     step("router /workers (every engine registered)", registered)
     prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
     out = {}
+    peaks = {}
     step("slime's own generate_rollout (managed mode, through slime's router)",
-         lambda: train_data(args, sglang_rollout.generate_rollout(args, 0, DataSource(prompts, 2)).samples)[1])
+         lambda: train_data(args, measured(peaks, "slime", lambda: sglang_rollout.generate_rollout(
+             args, 0, DataSource(prompts, 2))).samples)[1])
     os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = config
 
     def plugin():
-        out["p"], line = train_data(args, generate_rollout(args, 1, DataSource(prompts, 2)).samples, plugin=True)
-        return line
+        res = measured(peaks, "adapter", lambda: generate_rollout(args, 1, DataSource(prompts, 2)))
+        out["p"], line = train_data(args, res.samples, plugin=True)
+        compact = res.metrics.get("rollout/compact_routed_engines")
+        if args.use_rollout_routing_replay and compact != len(infos):
+            raise AssertionError(f"compact routed experts on {compact} of {len(infos)} engines (plugin feature off?)")
+        return f"{line}; compact wire on {compact} engine(s)"
     step("rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode), slime's conversion "
          "+ R3 validation", plugin)
+    step("rollout step's peak host memory over its start (VmHWM), same engines",
+         lambda: f"slime's generate_rollout {peaks['slime']:.1f} MiB, the adapter's {peaks['adapter']:.1f} MiB "
+                 "(tiny model: routed experts are a few KiB; slime's arm got none through its router)")
     step("slime's replay preparation on plugin mode's routed experts", lambda: replay(out["p"]))
     step("plugin mode's routed experts == transformers' router top-k", lambda: versus_transformers(model_path,
                                                                                                  out["p"]))
+    def compact_trainer():
+        from rollout.routed_experts import slime_compact
+        os.environ[slime_compact.ENV] = "1"
+        try:
+            data, line = train_data(args, generate_rollout(args, 2, DataSource(prompts, 2)).samples, plugin=True)
+        finally:
+            os.environ.pop(slime_compact.ENV)
+        dtypes = sorted({str(x.dtype) for x in data["rollout_routed_experts"]})
+        if dtypes != ["torch.uint8"]:
+            raise AssertionError(f"slime holds {dtypes}, not compact uint8")
+        keys = ("num_layers", "moe_layer_freq", "num_experts", "moe_router_topk")
+        return f"{line}, {dtypes[0]}; {replay(data, {k: getattr(args, k) for k in keys})}"
+    if args.use_rollout_routing_replay:
+        step("compact until replay (SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1): slime's conversion + R3 validation, "
+             "slime's replay preparation", compact_trainer)
     step("rollout.slime.generate_rollout(evaluation=True) -> slime's eval rollout", lambda: eval_step(args, prompts))
     from rollout.slime import reset
     reset()

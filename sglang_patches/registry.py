@@ -12,7 +12,8 @@ their targets, or is hook-less: upstream (SGLang fixed it: guard test), not-need
 there but no supported configuration reaches it: the reason and a test say why), absent (the
 defective code does not exist there). Tables reuse each other's Ports by reference wherever the
 hooked source is identical. A fix a table does not list is idle where its family is idle, and
-refused otherwise.
+refused otherwise. Opt-in features (family "feature", `sglang_patches/features/`) are judged the same
+way; their Ports live in `sglang_patches/features/ports.py` and `table` merges them in.
 
 Adding a variant (e.g. SGLang 0.5.24):
   1. `requirements/sglang-0.5.24.txt` (the wheel + the pins that differ from .venv), then
@@ -53,7 +54,10 @@ FIX_MODULES = (
     "sglang_patches.fixes.accepted_path_rows",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
+    "sglang_patches.features.routed_experts_wire",
 )
+# Feature pins live apart from the fix tables: {table name: {feature name: Port}}, merged by `table`.
+FEATURE_PORTS = "sglang_patches.features.ports"
 MODEL_RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 HOOKLESS_STATES = (FixState.UPSTREAM, FixState.NOT_NEEDED, FixState.ABSENT)
 
@@ -118,15 +122,16 @@ class Port:
 
 @lru_cache(maxsize=None)
 def table(name: str) -> dict:
-    """The port table `sglang_patches/ports/<name>.py`: {fix name: Port}."""
-    return importlib.import_module(f"sglang_patches.ports.{name}").PORTS
+    """The port table `sglang_patches/ports/<name>.py` plus the features' pins for it: {name: Port}."""
+    features = importlib.import_module(FEATURE_PORTS).PORTS.get(name, {})
+    return {**importlib.import_module(f"sglang_patches.ports.{name}").PORTS, **features}
 
 
 @dataclass(frozen=True)
 class Fix:
     name: str
-    family: str  # "dp-attention" or "cpu"
-    defect: str  # two sentences
+    family: str  # "dp-attention", "cpu" or "feature" (opt-in behaviour, not a fix)
+    defect: str  # two sentences (a feature: what it does)
     reference: str  # upstream thread, or where the defect was found
     test: str  # regression (or guard) test node id
     needed: Optional[Callable[[dict], bool]] = None  # does a server-args dict trigger it?

@@ -20,6 +20,15 @@ def _hooked():
     return [f.name for f in all_fixes() if f.family == "dp-attention" and f.ports[VARIANT].state is FixState.ACTIVE]
 
 
+def _registered():
+    """What the plugin registers outside a CPU engine: the hooked DP fixes and the features."""
+    from sglang_patches.registry import all_fixes
+    from sglang_patches.states import FixState
+
+    return [f.name for f in all_fixes() if f.family in ("dp-attention", "feature")
+            and f.ports[VARIANT].state is FixState.ACTIVE]
+
+
 def _check_fix(results, fix):
     names = [n for n, (f, kind) in dp_scenarios.KIND.items() if f == fix and kind == "defect"]
     assert names, f"{fix}: no defect scenario"
@@ -31,7 +40,7 @@ def _check_fix(results, fix):
 
 
 def test_plugin_loaded_by_sglang_entry_point(dp_results):
-    assert dp_results["plugin"]["_meta"]["registered"] == _hooked()
+    assert dp_results["plugin"]["_meta"]["registered"] == _registered()
     assert dp_results["none"]["_meta"]["registered"] == []
 
 

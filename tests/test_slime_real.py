@@ -107,10 +107,29 @@ def _replay_worker(path):
     blob = json.loads(Path(path).read_text())
     experts = [torch.tensor(x, dtype=torch.int32) for x in blob["experts"]]
     tokens = [torch.tensor(t) for t in blob["tokens"]]
-    out = prepare_routed_experts_for_routing_replay(experts, tokens, num_experts=16, data_pad_size_multiplier=1,
+    if blob.get("compact"):   # rollout.routed_experts.slime_compact on: slime's trainer gets compact tensors
+        from types import SimpleNamespace
+
+        from rollout.routed_experts import slime_compact
+        args = SimpleNamespace(**blob["compact"])
+        given = [x.to(torch.uint8) for x in experts]   # compact [T-1, moe layers * topk] as slime holds them
+        try:   # a trainer without the trainer-side install stops at once
+            prepare_routed_experts_for_routing_replay(given, tokens, num_experts=16, data_pad_size_multiplier=1,
+                                                      sequence_parallel=False, allgather_cp=False)
+            unhooked = "no error"
+        except ValueError as e:
+            unhooked = f"ValueError: {e}"
+        assert slime_compact.install(args)
+        from slime.backends.megatron_utils import cp_utils
+        prepare_routed_experts_for_routing_replay = cp_utils.prepare_routed_experts_for_routing_replay
+        experts = [slime_compact.to_slime(x, slime_compact.layout_from_args(args)) for x in given]
+    else:
+        given, unhooked = experts, None
+    out = prepare_routed_experts_for_routing_replay(given, tokens, num_experts=16, data_pad_size_multiplier=1,
                                                     sequence_parallel=False, allgather_cp=False)
     kept = torch.cat([out[sum(len(t) for t in tokens[:i]):][:len(tokens[i]) - 1] for i in range(len(tokens))])
-    print(json.dumps({"shape": list(out.shape), "equal_to_captured": bool(torch.equal(kept, torch.cat(experts)))}))
+    print(json.dumps({"shape": list(out.shape), "equal_to_captured": bool(torch.equal(kept, torch.cat(experts))),
+                      "unhooked": unhooked}))
 
 
 def test_sample_hooks_and_dynamic_filter_are_slimes(router, monkeypatch):

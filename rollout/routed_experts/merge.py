@@ -1,5 +1,8 @@
 """The one routed-experts call per SGLang answer: decode, validate, refuse retracted routes, merge segments.
 
+Both formats are taken: SGLang's int32 (``validate``) and, when ``meta_info`` states its layout, the
+compact one an engine with the plugin's feature sends to requests that asked for it (``wire``).
+
 The dispatcher calls ``sample_routed_experts`` for every answer of a sample that asked for routed
 experts, whichever caller (the rollout manager's groups, the slime adapter's single samples) sent it.
 A continued request sends ``routed_experts_start_len = S`` (SGLang: "response covers
@@ -16,6 +19,7 @@ from rollout.errors import RoutedExpertsError
 from .layout import MoELayout
 from .retraction import retraction_reason
 from .validate import decode_compact
+from .wire import LAYOUT_KEY, decode_wire, unsplit_header
 
 
 def continuation_start(held, num_tokens: int) -> int:
@@ -56,7 +60,14 @@ def sample_routed_experts(meta_info: dict, num_tokens: int, layout: MoELayout, h
             raise RoutedExpertsError(reason)
         if start_len is None:
             start_len = meta_info.get("routed_experts_start_len", 0) or 0
-        new = decode_compact(meta_info.get("routed_experts"), layout, num_tokens, start_len)
+        payload, wire = meta_info.get("routed_experts"), meta_info.get(LAYOUT_KEY)
+        if wire is not None:
+            new = decode_wire(payload, wire, layout, num_tokens, start_len)
+        else:
+            half = unsplit_header(payload)
+            if half:
+                raise RoutedExpertsError(half)
+            new = decode_compact(payload, layout, num_tokens, start_len)
         return merge_segments(held, new, start_len), None
     except RoutedExpertsError as e:
         return None, str(e)

@@ -129,6 +129,14 @@ class _BlockChecker:
         if self.dups.has_duplicates(out):
             self._fail_dup(out, row0, start_len)
 
+    def check_compact(self, arr: np.ndarray, row0: int, start_len: int):
+        """arr: compact ``[b, M, K]`` as it came (uint8/int16): ids in range, no id twice."""
+        unsigned = arr.view(np.uint8 if arr.dtype.itemsize == 1 else np.uint16)   # negative int16 wraps to huge
+        if arr.size and unsigned.max() >= self.layout.num_experts:
+            self._fail_range(arr.reshape(arr.shape[0], -1).astype(np.int32), row0, start_len)
+        if self.dups.has_duplicates(arr):
+            self._fail_dup(arr, row0, start_len)
+
     # Failure paths: locate the first bad (token, layer) for the message. Only run on bad data.
     def _fail_dense(self, block, row0, start_len):
         full = block.reshape(block.shape[0], self.layout.num_hidden_layers, -1)

@@ -9,7 +9,9 @@ groups through the manager (least-outstanding dispatch, stragglers aborted and c
 to the next step). Per group, as slime does: the request slime sends (`attach.sampling_from_args`,
 per-index seeds, budget `max_new_tokens - response_length`); every SGLang answer replayed through slime's
 `Sample.append_response_tokens` (SGLang's text, logprobs, loss mask, top-p spans, weight versions, status);
-`rollout_routed_experts` in slime's `[len(tokens)-1, num_layers, topk]` int32; slime's sample hooks, then
+`rollout_routed_experts` in slime's `[len(tokens)-1, num_layers, topk]` int32 (kept compact until the sample
+is handed over: engines that advertise it send the compact wire format; with
+`SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1` compact until replay, `routed_experts.slime_compact`); slime's sample hooks, then
 `async_rm` per sample, or `batched_async_rm` on the group with `--group-rm`; slime's dynamic filter with
 its drop metrics; groups sorted by `index`; then slime's sample filter and all-samples process.
 `Sample.rollout_id` is left as the data source gave it (slime: one id per rollout *execution*).
@@ -30,7 +32,7 @@ import inspect
 import itertools
 import threading
 
-from rollout.routed_experts import decode_compact, to_slime_shape
+from rollout.routed_experts import decode_compact, slime_compact, to_slime_shape
 from rollout.slime import attach
 from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
 from rollout.types import Sample as ManagerSample
@@ -131,7 +133,11 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
         dst.status = Sample.Status.FAILED
         dst.metadata = dict(dst.metadata or {}, slime_moe_rollout_error=src.error)
     if src.routed_experts is not None and layout is not None:
-        dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
+        if slime_compact.enabled() and slime_compact.install_rollout_side():   # compact until replay (opt-in)
+            dst.rollout_routed_experts = slime_compact.for_slime(src.routed_experts)
+        else:   # the one conversion, when the sample is handed to slime: compact until then
+            dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
+        src.routed_experts = None
     return dst
 
 
@@ -265,7 +271,9 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
     metrics.update({"rollout/groups": len(data), "rollout/carried": results[-1].carried if results else 0,
                     "rollout/resent": sum(r.resent for r in results),
                     "rollout/first_group_s": results[0].first_group_s if results else None,
-                    "rollout/wall_s": sum(r.wall_s for r in results)})
+                    "rollout/wall_s": sum(r.wall_s for r in results),
+                    "rollout/compact_routed_engines": sum(f.endswith(": compact")
+                                                              for f in getattr(backend, "routed_formats", {}).values())})
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
@@ -288,8 +296,8 @@ async def generate(args, sample, sampling_params, evaluation=False):
     ms = ManagerSample(f"slime{k}/0", f"slime{k}", 0, ids[:cut], response_ids=ids[cut:],
                        logprobs=[0.0] * (len(ids) - cut), max_new_tokens=budget)
     if backend.layout is not None and sample.rollout_routed_experts is not None and len(ids) > 1:
-        held = sample.rollout_routed_experts   # the rows slime holds: checked, then continued
-        ms.routed_experts = decode_compact(held, backend.layout, len(held) + 1)
+        held = slime_compact.to_slime(sample.rollout_routed_experts, backend.layout)   # the rows slime holds
+        ms.routed_experts = decode_compact(held, backend.layout, len(held) + 1)           # checked, then continued
     params = {key: v for key, v in sampling_params.items() if key != "max_new_tokens"}   # slime sent its own seed
 
     async def run():
