@@ -6,9 +6,10 @@ snapshots its deferred output (sglang#34319, since 0.5.18); no `dp_slot_in` (dp-
 as on 0.5.16).
 CPU family: 0.5.23's `_cuda_host_register` and AMX fallback, but the routed-experts host cache still pins
 its own buffer (both hooks); `moe_forward_native`, `all_gather_into_tensor` and `init_threads_binding`
-moved (not ported: refused in a CPU engine).
+differ from 0.5.23's in lines the hooks do not depend on (same signatures, same CPU branch): re-pinned.
 """
-from sglang_patches.cpu.fixes import host_register as hr
+from sglang_patches.cpu.fixes import (ep_native_moe as epm, gloo_stacked_allgather as gsa, host_register as hr,
+                                      thread_binding as tb)
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
@@ -19,9 +20,12 @@ from . import v0_5_15, v0_5_16, v0_5_23
 FIX_TEST, GUARD_TEST = v0_5_15.FIX_TEST, v0_5_15.GUARD_TEST
 SNAPSHOT_UPSTREAM = Port(state=FixState.UPSTREAM, test=GUARD_TEST,
                          reason="on_forward_end clones out_cache_loc and the top-k slice (sglang#34319)")
-CPU_NOT_PORTED = ("cpu-ep-native-moe", "cpu-gloo-stacked-allgather", "cpu-thread-binding")
+ENGINE_TEST = "tests/test_engine_versions.py::test_c_routed_experts_match_transformers"
 PORTS = {
-    **{name: port for name, port in v0_5_16.PORTS.items() if name not in CPU_NOT_PORTED},
+    **v0_5_16.PORTS,
+    "cpu-ep-native-moe": Port({epm.LOCAL_IDS: "e94e6fac5846d0a0"}, test=ENGINE_TEST),
+    "cpu-gloo-stacked-allgather": Port({gsa.FLAT_OUTPUT: "b30e73116f520e1e"}, test=ENGINE_TEST),
+    "cpu-thread-binding": Port({tb.BIND: "90027a95f128629b"}, test=ENGINE_TEST),
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=v0_5_15.ENGINE_TEST),
     "cpu-eagle-attn-backend": v0_5_23.PORTS["cpu-eagle-attn-backend"],
