@@ -10,6 +10,10 @@ into the recorded output, so output tensors stay fixed as with a graph. Everythi
 It subclasses `FullCudaGraphBackend` without running its `__init__` (which builds a CUDA graph
 memory pool): the prefill runner picks its data flow by `isinstance(backend, FullCudaGraphBackend)`.
 
+Up to 0.5.19 a prefill graph runs attention through SGLang custom ops registered for the CUDA
+dispatch key only (0.5.23 runs it eagerly there): `cpu_kernels_for_cuda_only_ops` gives them a CPU
+kernel that redispatches to that registration, the op's own device-agnostic Python function.
+
 Limit: Python reruns at replay, so values a real graph would bake in while Python reads them
 live (e.g. torch_native looping over live `seq_lens`) are not reproduced; data-flow defects are.
 """
@@ -52,8 +56,35 @@ def copy_into(captured, fresh, where: str = "output") -> None:
     # None / Python scalars: a graph returns what was captured
 
 
+CUDA_ONLY_OPS = ("unified_attention_with_output", "unified_attention_with_output_and_lse")
+_LIBS = []  # keeps the CPU kernel registrations alive
+
+
+def cpu_kernels_for_cuda_only_ops(names=CUDA_ONLY_OPS) -> list:
+    """Register a CPU kernel for each `sglang::<name>` op that has a CUDA kernel only; returns those names."""
+    done = []
+    for name in names:
+        qual = f"sglang::{name}"
+        if not hasattr(torch.ops.sglang, name) or torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CPU"):
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CUDA"):
+            continue
+        op = getattr(torch.ops.sglang, name).default
+        cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+        def kernel(*args, _op=op, **kwargs):
+            return _op.redispatch(cuda, *args, **kwargs)
+
+        lib = torch.library.Library("sglang", "IMPL")
+        lib.impl(name, kernel, "CPU")
+        _LIBS.append(lib)
+        done.append(name)
+    return done
+
+
 def make_backend(cuda_graph_runner, **_options):
     """An EagerReplayBackend for `cuda_graph_runner` (options of the CUDA backends are moot)."""
+    cpu_kernels_for_cuda_only_ops()
     cls = _backend_class()
     backend = cls.__new__(cls)
     backend._setup(cuda_graph_runner)
