@@ -1,7 +1,8 @@
 """Configuration (c) (tp 4, dp 2 DP attention, ep 4, dense-TP 1, DP lm-head, NEXTN, routed experts) as a real
-CPU engine on the releases slime and Miles run: 0.5.19 (Miles) in eager mode, and with CPU graph replay on
-0.5.15.post1, 0.5.15.post1 + slime's patches and 0.5.19: what `capturer-extent` and `routed-experts-rows`
-change in a running engine. Each engine runs in its variant's environment (tests/version_engine.py);
+CPU engine on the releases slime and Miles run. On 0.5.19 (Miles) it runs eagerly and with CPU graph replay,
+which shows what `capturer-extent` and `routed-experts-rows` change in a running engine. On 0.5.15.post1
+(slime's, with or without slime's patches) it cannot start on CPU: the NEXTN KV pool warms up a Triton
+kernel that has no CPU path there. Each engine runs in its variant's environment (tests/version_engine.py);
 transformers' router is asked here.
 """
 import pytest
@@ -41,7 +42,7 @@ def test_c_routed_experts_match_transformers(tiny_match_model):
 
 # ---- CPU graph replay (SLIME_MOE_ROLLOUT_CPU_GRAPHS=1): the capturer extent and the capture buffer ----
 
-GRAPH_VARIANTS = ("0.5.15.post1", "0.5.15.post1+slime", "0.5.19")
+GRAPH_VARIANTS = ("0.5.19",)
 PREFILL_CRASH = "TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'"
 PREFILL_CRASH_LINE = "local_start_pos = dp_rank * cuda_graph_batch"
 
@@ -64,8 +65,7 @@ def test_c_graphs_with_the_fix_set_match_transformers(variant, tiny_match_model)
 
     got = graphs_run(variant, tiny_match_model, "per_rank")
     assert "capturer-extent" in got["fixes"]
-    if variant == "0.5.19":   # 0.5.15.post1 has no per-replay log line
-        assert ranks_replaying(got["log"]) == set(DP_RANKS)
+    assert ranks_replaying(got["log"]) == set(DP_RANKS)
     check_rows_match(tiny_match_model, got)
 
 
@@ -75,12 +75,15 @@ def test_c_graphs_without_capturer_extent(variant, tiny_match_model):
     """`capturer-extent` off: the verify replay hands the capturer the decode runner's request count, so
     DP rank 1 reads its routed experts at stride `bs` instead of `bs * 3` draft tokens: tokens stay right,
     every row a verify replay wrote on rank 1 (rows 14-21 of 22) holds another row's experts, rank 0 is
-    right. slime's sglang.patch passes `bs * num_tokens_per_bs` itself: there every row stays right."""
+    right."""
+    from test_cpu_graphs import ranks_replaying
+
     got = graphs_run(variant, tiny_match_model, "per_rank", disable=("capturer-extent",))
+    assert ranks_replaying(got["log"]) == set(DP_RANKS)
     for ids, rank, out in got["results"]:
         assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
         bad = wrong_rows(tiny_match_model, ids, out)
-        if rank == 0 or variant.endswith("+slime"):
+        if rank == 0:
             assert bad == [], f"DP rank {rank}"
         else:
             assert bad == list(range(len(ids), len(ids) + 8)), "every verify-written row on rank 1 is wrong"
@@ -90,8 +93,7 @@ def test_c_graphs_without_capturer_extent(variant, tiny_match_model):
 @pytest.mark.parametrize("variant", GRAPH_VARIANTS)
 def test_c_prefill_graphs_without_capturer_extent_crash(variant, tiny_match_model):
     """`capturer-extent` off, prefill graphs on, a prompt on both DP ranks at once: the prefill replay leaves
-    the capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`, slime's
-    patch or not (it changes only the verify extent)."""
+    the capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`."""
     from test_cpu_graphs import PREFILL_GRAPH
 
     got = graphs_run(variant, tiny_match_model, "rank_pairs", disable=("capturer-extent",), prefill=PREFILL_GRAPH)
@@ -139,3 +141,18 @@ def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(variant, tiny
     rows = [int(n) for n in BUFFER_ROWS.findall(got["log"])]
     assert 16 in rows and max(rows) >= 24, rows
     check_rows_match(tiny_match_model, got)
+
+
+KV_COPY_WARMUP = "_init_kv_copy_and_warmup"
+NO_TRITON_DRIVER = "RuntimeError: 0 active drivers ([]). There should only be one."
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ("0.5.15.post1", "0.5.15.post1+slime"))
+def test_c_cannot_start_on_0_5_15(variant, tiny_match_model):
+    """0.5.15.post1 (slime's release, with or without slime's patches): configuration (c) dies at start-up on
+    CPU, eager or with graphs, before any fix matters: with speculative decoding the KV pool warms up its
+    Triton KV-copy kernel (memory_pool.py `_init_kv_copy_and_warmup`), which has no CPU path there
+    (0.5.19 calls the CPU kernel op)."""
+    got = run(variant, model=tiny_match_model, preset="c", fail_text=NO_TRITON_DRIVER)
+    assert f"in {KV_COPY_WARMUP}" in got["log"] and NO_TRITON_DRIVER in got["log"]

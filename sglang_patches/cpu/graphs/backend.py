@@ -60,22 +60,22 @@ CUDA_ONLY_OPS = ("unified_attention_with_output", "unified_attention_with_output
 _LIBS = []  # keeps the CPU kernel registrations alive
 
 
-def cpu_kernels_for_cuda_only_ops(names=CUDA_ONLY_OPS) -> list:
-    """Register a CPU kernel for each `sglang::<name>` op that has a CUDA kernel only; returns those names."""
+def cpu_kernels_for_cuda_only_ops(names=CUDA_ONLY_OPS, namespace="sglang") -> list:
+    """Register a CPU kernel for each `<namespace>::<name>` op that has a CUDA kernel only; returns those names."""
     done = []
     for name in names:
-        qual = f"sglang::{name}"
-        if not hasattr(torch.ops.sglang, name) or torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CPU"):
+        qual = f"{namespace}::{name}"
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        ns = getattr(torch.ops, namespace)
+        if not hasattr(ns, name) or has(qual, "CPU") or not has(qual, "CUDA"):
             continue
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CUDA"):
-            continue
-        op = getattr(torch.ops.sglang, name).default
+        op = getattr(ns, name).default
         cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
         def kernel(*args, _op=op, **kwargs):
             return _op.redispatch(cuda, *args, **kwargs)
 
-        lib = torch.library.Library("sglang", "IMPL")
+        lib = torch.library.Library(namespace, "IMPL")
         lib.impl(name, kernel, "CPU")
         _LIBS.append(lib)
         done.append(name)
@@ -112,7 +112,8 @@ def _backend_class():
         def capture_session(self, stream):
             yield  # no graph pool, no capture stream on CPU
 
-        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None, **_ignored):
+            # _ignored: 0.5.15.post1's `dummies` (inputs a CUDA graph keeps alive; a re-run needs none)
             from sglang.srt.runtime_context import get_parallel
 
             for _ in range(2):  # the CUDA backend's warm-ups: one-time setup before the recorded run
