@@ -156,3 +156,21 @@ def test_c_cannot_start_on_0_5_15(variant, tiny_match_model):
     (0.5.19 calls the CPU kernel op)."""
     got = run(variant, model=tiny_match_model, preset="c", fail_text=NO_TRITON_DRIVER)
     assert f"in {KV_COPY_WARMUP}" in got["log"] and NO_TRITON_DRIVER in got["log"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ("0.5.15.post1", "0.5.15.post1+slime"))
+def test_a_decode_graphs_on_0_5_15(variant, tiny_model):
+    """Where 0.5.15.post1 can run on CPU, configuration (a) (one rank, torch_native, routed experts): its
+    graph ports keep the decode graph config torch_native turns off, build SGLang's DecodeCudaGraphRunner
+    after `init_decode_cuda_graph` left none, and replay it eagerly; routed experts equal transformers."""
+    from test_engine_single import check_routed
+
+    from sglang_patches.cpu.graphs.backend import FIRST_REPLAY
+
+    got = run(variant, model=tiny_model, preset="a", graphs={}, n=6)
+    assert {"cpu-graphs-config", "cpu-graphs-decode-runner", "cpu-graphs-replay-backend"} <= set(got["fixes"])
+    assert "CPU graph replay: DecodeCudaGraphRunner captured bs=[1, 2, 4]" in got["log"]
+    assert f"{FIRST_REPLAY} DecodeCudaGraphRunner" in got["log"]
+    for ids, _, out in got["results"]:
+        check_routed(tiny_model, ids, out)

@@ -21,7 +21,7 @@ from . import v0_5_23
 MATRIX = "tests/test_version_matrix.py"
 FIX_TEST, GUARD_TEST = f"{MATRIX}::test_fix_on_variant", f"{MATRIX}::test_guard_on_variant"
 ENGINE_TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers"
-GRAPHS_TEST = "tests/test_engine_versions.py::test_c_graphs_with_the_fix_set_match_transformers"
+GRAPHS_TEST = "tests/test_engine_versions.py::test_a_decode_graphs_on_0_5_15"
 
 CAPTURER_EXTENT = Port({ce.RECORD_EXTENT: "d51386f193d20925", ce.EXECUTED_EXTENT: "fd77ad70640d5781"}, test=FIX_TEST)
 CAPTURE_SNAPSHOT = Port({snap.SNAPSHOT: "fd77ad70640d5781"}, test=FIX_TEST)

@@ -18,9 +18,13 @@ Limit: Python reruns at replay, so values a real graph would bake in while Pytho
 live (e.g. torch_native looping over live `seq_lens`) are not reproduced; data-flow defects are.
 """
 import dataclasses
+import logging
 from contextlib import contextmanager
 
 import torch
+
+logger = logging.getLogger("slime_moe_rollout")
+FIRST_REPLAY = "slime-moe-rollout: CPU graph replay: first replay of"
 
 _FULL = None
 
@@ -106,6 +110,7 @@ def _backend_class():
             self._cuda_graph_runner = cuda_graph_runner
             self._fns = {}
             self._outputs = {}
+            self._replayed = set()
             self.replays = 0
 
         @contextmanager
@@ -144,6 +149,9 @@ def _backend_class():
             finally:
                 if redirect is not None:
                     layer_model.forward = redirect
+            if shape_key not in self._replayed:  # one line per graph: the replay path ran here
+                self._replayed.add(shape_key)
+                logger.warning("%s %s %s", FIRST_REPLAY, type(self._cuda_graph_runner).__name__, shape_key)
             self.replays += 1
             captured = self._outputs[shape_key]
             copy_into(captured, fresh)
