@@ -4,10 +4,10 @@ product does (EngineSpec -> LocalBackend, phased readiness), runs the asked requ
 one JSON line. Transformers' side of each comparison stays in the parent.
 
 Request (JSON): model, preset, group (EngineGroup fields), disable (fix names), graphs (null: eager, else
-{"prefill": ...} for test_cpu_graphs.with_graphs), jobs ("prompts": each prompt alone; "per_rank" /
-"both_ranks": test_cpu_graphs' DP-rank patterns; "rank_pairs": each prompt on both DP ranks at once, one
-prompt after another, so every prefill step has one 14-token prompt a rank), n (new tokens), fail_text (the engine must not come up:
-only its log comes back, once this text is in it or it exited).
+{"prefill": ...} for test_cpu_graphs.with_graphs), jobs ("prompts": each prompt alone; "per_rank":
+test_cpu_graphs' DP-rank pattern; "rank_pairs": each prompt on both DP ranks at once, one prompt after
+another, so every prefill step has one 14-token prompt a rank), n (new tokens), fail_text (the engine must
+not come up: only its log comes back, once this text is in it or it exited).
 """
 import json
 import os
@@ -54,14 +54,12 @@ def _spec(req):
 
 def _jobs(eng, req):
     from conftest import generate
-    from test_cpu_graphs import both_ranks_at_once, per_rank_results
+    from test_cpu_graphs import per_rank_results
     from test_engine_single import prompts
 
     n, kind, model = req.get("n", 9), req.get("jobs", "prompts"), req["model"]
     if kind == "per_rank":
         return [[ids, rank, out] for rank, outs in per_rank_results(eng, model, n).items() for ids, out in outs]
-    if kind == "both_ranks":
-        return [list(x) for x in both_ranks_at_once(eng, model, n)]
     if kind == "rank_pairs":   # each prompt on both DP ranks at once, one prompt after another
         return [[ids, rank, out] for ids in prompts(model) for ids, rank, out in _pair(eng, ids, n)]
     return [[ids, None, generate(eng, ids, n)] for ids in prompts(model)]
