@@ -185,6 +185,28 @@ def test_copy_into_rejects_a_changed_shape():
         copy_into((torch.zeros(4),), (torch.zeros(3),))
 
 
+def test_cuda_only_custom_op_gets_a_cpu_kernel():
+    """Up to 0.5.19 prefill attention goes through an SGLang custom op registered for CUDA only: on CPU tensors
+    the dispatcher refuses it; after cpu_kernels_for_cuda_only_ops the op's own Python function runs."""
+    import torch
+
+    from sglang_patches.cpu.graphs.backend import cpu_kernels_for_cuda_only_ops
+
+    lib = torch.library.Library("slime_moe_rollout_test", "FRAGMENT")
+    lib.define("add_one(Tensor(a!) x) -> ()")
+    def add_one(x):
+        x.add_(1)
+
+    lib.impl("add_one", add_one, "CUDA")
+    x = torch.zeros(2)
+    with pytest.raises(NotImplementedError, match="with arguments from the 'CPU' backend"):
+        torch.ops.slime_moe_rollout_test.add_one(x)
+    assert cpu_kernels_for_cuda_only_ops(["add_one", "absent"], namespace="slime_moe_rollout_test") == ["add_one"]
+    torch.ops.slime_moe_rollout_test.add_one(x)
+    assert x.tolist() == [1, 1]
+    assert cpu_kernels_for_cuda_only_ops(["add_one"], namespace="slime_moe_rollout_test") == []  # once
+
+
 # ---- real engines ---------------------------------------------------------------------------
 
 DECODE_BUCKETS = [1, 2, 4]

@@ -432,3 +432,17 @@ def test_nextn_topk2_through_substitute_equals_transformers(tmp_path):
     ids = tok("the quick brown fox", return_tensors="pt").input_ids
     ref = hf.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
     assert got["output_ids"] == ref
+
+
+def test_attention_ops_take_the_installed_releases_arguments():
+    """SGLang before 0.5.20 calls the attention ops without k_scale / v_scale (sglang-kernel 0.4): the
+    substitute registers that argument list there and fills both scales with 1.0."""
+    from sglang_patches.cpu.sgl_kernel_cpu import attention
+
+    assert not attention.takes_scales("0.5.15.post1") and not attention.takes_scales("0.5.19")
+    assert attention.takes_scales("0.5.20") and attention.takes_scales("0.5.23")
+    seen = []
+    op = attention.unscaled("decode_attention_cpu", lambda *a: seen.append(a))
+    op("q", "k", "v", "out", "key")
+    assert seen == [("q", "k", "v", 1.0, 1.0, "out", "key")]
+    assert attention.SCALES in attention.EXTEND_SCHEMA and attention.SCALES in attention.DECODE_SCHEMA

@@ -83,6 +83,19 @@ def test_status_with_cpu_engine_matches_the_table(variant):
     assert (r.returncode == 0) == ("refused" not in want.values()), r.stderr[-2000:]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", MATRIX)
+def test_status_with_cpu_graphs_matches_the_table(variant):
+    """With CPU graph replay asked for (SLIME_MOE_ROLLOUT_CPU_GRAPHS=1) in a CPU engine's process, each graph
+    fix the variant's table lists is active (its pins are this tree's source); an unlisted one is refused."""
+    from sglang_patches.cpu.graphs import ENV
+
+    r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1", **{ENV: "1"})
+    graphs = [f.name for f in all_fixes() if f.name.startswith("cpu-graphs-")]
+    want = {n: ports(variant)[n].state.value if n in ports(variant) else "refused" for n in graphs}
+    assert {n: states[n] for n in graphs} == want, report
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant", MATRIX)
 def test_plugin_registers_the_variant_fixes(variant):

@@ -3,10 +3,14 @@
 slime's patches change none of the hooked functions (same fingerprints on both); the variants are told
 apart by `ModelRunner.forward` (registry.VARIANTS). No real-rows path for padded extends: draft extend
 is hooked on `RadixAttention.forward`; the capturer sizing reads the global server args.
+CPU graph replay: the runner/backend split of 0.5.23 (same backend resolvers, runner device module,
+attention-backend and pynccl targets); the torch_native graph switch-off is a ServerArgs method and the CPU
+decode-runner early return sits in `ModelRunner.init_decode_cuda_graph` (their own hooks).
 """
 from sglang_patches.cpu.fixes import (cuda_synchronize as cs, dp_controller_idle as dci, eagle_attention_backend as eab,
                                       ep_native_moe as epm, gloo_stacked_allgather as gsa,
                                       gloo_varsize_collectives as gvc, host_register as hr, torch_native_fill as tnf)
+from sglang_patches.cpu.graphs import decode_runner as dr, graph_config as gc, replay_backend as rb
 from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as ce, draft_extend_real_rows as de,
                                   draft_token_count as dtc, routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
@@ -17,6 +21,7 @@ from . import v0_5_23
 MATRIX = "tests/test_version_matrix.py"
 FIX_TEST, GUARD_TEST = f"{MATRIX}::test_fix_on_variant", f"{MATRIX}::test_guard_on_variant"
 ENGINE_TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers"
+GRAPHS_TEST = "tests/test_engine_versions.py::test_a_decode_graphs_on_0_5_15"
 
 CAPTURER_EXTENT = Port({ce.RECORD_EXTENT: "d51386f193d20925", ce.EXECUTED_EXTENT: "fd77ad70640d5781"}, test=FIX_TEST)
 CAPTURE_SNAPSHOT = Port({snap.SNAPSHOT: "fd77ad70640d5781"}, test=FIX_TEST)
@@ -59,4 +64,12 @@ PORTS = {
         "binds in ModelRunner.init_threads_binding, no numa_utils hook point; the engine launcher sets "
         "SGLANG_CPU_OMP_THREADS_BIND for multi-rank CPU engines")),
     "cpu-dp-controller-idle": DP_CONTROLLER_UNREACHABLE,
+    # CPU graph replay (this table only: 0.5.16 and later list their own)
+    "cpu-graphs-config": Port({gc.KEEP_GRAPH_BACKENDS: "bccb9d7e2d076d98"}, test=GRAPHS_TEST),
+    "cpu-graphs-decode-runner": Port({dr.BUILD_AFTER_INIT: "b98042fb95cb3d06", dr.GRAPH_MODES: "c7880625d0ba90ef"},
+                                     test=GRAPHS_TEST),
+    "cpu-graphs-replay-backend": Port({rb.DECODE_BACKEND: "4760dab0325b3182", rb.PREFILL_BACKEND: "2eda1c652045b121",
+                                       rb.DEVICE_MODULE: "80be75ebded8c4b9"}, test=GRAPHS_TEST),
+    "cpu-graphs-attn-backend": v0_5_23.PORTS["cpu-graphs-attn-backend"],
+    "cpu-graphs-pynccl-state": v0_5_23.PORTS["cpu-graphs-pynccl-state"],
 }

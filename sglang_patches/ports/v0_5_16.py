@@ -13,7 +13,7 @@ from . import v0_5_15
 
 FIX_TEST = v0_5_15.FIX_TEST
 PORTS = {
-    **v0_5_15.PORTS,
+    **{name: port for name, port in v0_5_15.PORTS.items() if not name.startswith("cpu-graphs-")},
     "routed-experts-rows": Port({rer.GROW_PUBLISHED_ARGS: "0de345206efde7bb"}, test=FIX_TEST),
     "draft-extend-real-rows": Port({de.PLANNED_ROWS: "fc2146f2662a02d7"}, test=FIX_TEST),
     "verify-padding-lcm": Port({vpl.ALIGN: "9bea5bf3a923f247"}, test=FIX_TEST),

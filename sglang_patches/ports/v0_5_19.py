@@ -6,9 +6,14 @@ snapshots its deferred output (sglang#34319, since 0.5.18); no `dp_slot_in` (dp-
 as on 0.5.16).
 CPU family: 0.5.23's `_cuda_host_register` and AMX fallback, but the routed-experts host cache still pins
 its own buffer (both hooks); `moe_forward_native`, `all_gather_into_tensor` and `init_threads_binding`
-moved (not ported: refused in a CPU engine).
+differ from 0.5.23's in lines the hooks do not depend on (same signatures, same CPU branch): re-pinned.
+CPU graph replay: 0.5.23's hook points (the torch_native graph switch-off, the CPU decode-runner early
+return, the backend resolvers, the runner's device module) with other source around them: re-pinned;
+the attention-backend and pynccl targets are 0.5.23's.
 """
-from sglang_patches.cpu.fixes import host_register as hr
+from sglang_patches.cpu.fixes import (ep_native_moe as epm, gloo_stacked_allgather as gsa, host_register as hr,
+                                      thread_binding as tb)
+from sglang_patches.cpu.graphs import decode_runner as dr, graph_config as gc, replay_backend as rb
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.registry import Port
@@ -19,9 +24,13 @@ from . import v0_5_15, v0_5_16, v0_5_23
 FIX_TEST, GUARD_TEST = v0_5_15.FIX_TEST, v0_5_15.GUARD_TEST
 SNAPSHOT_UPSTREAM = Port(state=FixState.UPSTREAM, test=GUARD_TEST,
                          reason="on_forward_end clones out_cache_loc and the top-k slice (sglang#34319)")
-CPU_NOT_PORTED = ("cpu-ep-native-moe", "cpu-gloo-stacked-allgather", "cpu-thread-binding")
+ENGINE_TEST = "tests/test_engine_versions.py::test_c_routed_experts_match_transformers"
+GRAPHS_TEST = "tests/test_engine_versions.py::test_c_graphs_with_the_fix_set_match_transformers"
 PORTS = {
-    **{name: port for name, port in v0_5_16.PORTS.items() if name not in CPU_NOT_PORTED},
+    **v0_5_16.PORTS,
+    "cpu-ep-native-moe": Port({epm.LOCAL_IDS: "e94e6fac5846d0a0"}, test=ENGINE_TEST),
+    "cpu-gloo-stacked-allgather": Port({gsa.FLAT_OUTPUT: "b30e73116f520e1e"}, test=ENGINE_TEST),
+    "cpu-thread-binding": Port({tb.BIND: "90027a95f128629b"}, test=ENGINE_TEST),
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=v0_5_15.ENGINE_TEST),
     "cpu-eagle-attn-backend": v0_5_23.PORTS["cpu-eagle-attn-backend"],
@@ -32,4 +41,12 @@ PORTS = {
     "verify-padding-lcm": Port({vpl.ALIGN: "ec8ae0863594cd9a"}, test=FIX_TEST),
     "capture-snapshot": SNAPSHOT_UPSTREAM,
     "draft-token-count": Port({dtc.COUNT: "d371f05cb690ec0a"}, test=FIX_TEST),
+    # CPU graph replay
+    "cpu-graphs-config": Port({gc.KEEP_GRAPH_CONFIG: "139ccda62b1df9e4"}, test=GRAPHS_TEST),
+    "cpu-graphs-decode-runner": Port({dr.BUILD_DECODE_RUNNER: "7e704c83d4a1971e", dr.GRAPH_MODES: "c7880625d0ba90ef"},
+                                     test=GRAPHS_TEST),
+    "cpu-graphs-replay-backend": Port({rb.DECODE_BACKEND: "2b2ff193eccc102a", rb.PREFILL_BACKEND: "ead10daf6528b717",
+                                       rb.DEVICE_MODULE: "04f5a7e98fcc063a"}, test=GRAPHS_TEST),
+    "cpu-graphs-attn-backend": v0_5_23.PORTS["cpu-graphs-attn-backend"],
+    "cpu-graphs-pynccl-state": v0_5_23.PORTS["cpu-graphs-pynccl-state"],
 }

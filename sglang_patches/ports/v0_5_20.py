@@ -10,9 +10,11 @@ from sglang_patches.registry import Port
 
 from . import v0_5_15, v0_5_19, v0_5_23
 
+CPU_NOT_PORTED = ("cpu-gloo-scatter-gather", "cpu-gloo-stacked-allgather")
 CPU_AS_0_5_23 = ("cpu-host-register", "cpu-eagle-attn-backend", "cpu-ep-native-moe", "cpu-thread-binding")
 PORTS = {
-    **{name: port for name, port in v0_5_19.PORTS.items() if name != "cpu-gloo-scatter-gather"},
+    **{name: port for name, port in v0_5_19.PORTS.items()
+       if name not in CPU_NOT_PORTED and not name.startswith("cpu-graphs-")},
     **{name: v0_5_23.PORTS[name] for name in CPU_AS_0_5_23},
     "verify-padding-lcm": Port({vpl.ALIGN: "dd76cb3f2ae1c99a"}, test=v0_5_15.FIX_TEST),
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "e2dc59752e4be5b1"}, test=v0_5_15.FIX_TEST),

@@ -9,13 +9,9 @@ its output, replay re-runs it on the runner's static, padded buffers.
 Pick the buckets with SGLang's own flag, e.g.
 `--cuda-graph-config '{"decode":{"backend":"full","bs":[1,2,4]},"prefill":{"backend":"full","bs":[16,32]}}'`.
 
-0.5.15.post1 (read, not ported): the same runner/backend split (`runner/`, `runner_backend/utils.py`
-resolve_decode_backend / resolve_prefill_backend, out_graph metadata prep, the prefill runner's
-isinstance(FullCudaGraphBackend) checks and layer_model.forward redirect), so the same backend
-fits. Different hook targets: the runner is chosen in `ModelRunner.init_decode_cuda_graph`
-(model_runner.py:2620, same cpu/torch.compile early return), torch_native turns graphs off in
-`ServerArgs._handle_attention_backend_compatibility` (server_args.py:4405), and its decode runner
-never asks `is_current_stream_capturing`.
+Ported to 0.5.15.post1 and 0.5.19 besides 0.5.23 (`sglang_patches/ports/`): the same runner/backend split,
+so the same backend fits; on 0.5.15.post1 the runner is chosen in `ModelRunner.init_decode_cuda_graph` and
+torch_native turns graphs off in `ServerArgs._handle_attention_backend_compatibility` (their own hooks).
 """
 import importlib
 import os

@@ -10,13 +10,21 @@ into the recorded output, so output tensors stay fixed as with a graph. Everythi
 It subclasses `FullCudaGraphBackend` without running its `__init__` (which builds a CUDA graph
 memory pool): the prefill runner picks its data flow by `isinstance(backend, FullCudaGraphBackend)`.
 
+Up to 0.5.19 a prefill graph runs attention through SGLang custom ops registered for the CUDA
+dispatch key only (0.5.23 runs it eagerly there): `cpu_kernels_for_cuda_only_ops` gives them a CPU
+kernel that redispatches to that registration, the op's own device-agnostic Python function.
+
 Limit: Python reruns at replay, so values a real graph would bake in while Python reads them
 live (e.g. torch_native looping over live `seq_lens`) are not reproduced; data-flow defects are.
 """
 import dataclasses
+import logging
 from contextlib import contextmanager
 
 import torch
+
+logger = logging.getLogger("slime_moe_rollout")
+FIRST_REPLAY = "slime-moe-rollout: CPU graph replay: first replay of"
 
 _FULL = None
 
@@ -52,8 +60,35 @@ def copy_into(captured, fresh, where: str = "output") -> None:
     # None / Python scalars: a graph returns what was captured
 
 
+CUDA_ONLY_OPS = ("unified_attention_with_output", "unified_attention_with_output_and_lse")
+_LIBS = []  # keeps the CPU kernel registrations alive
+
+
+def cpu_kernels_for_cuda_only_ops(names=CUDA_ONLY_OPS, namespace="sglang") -> list:
+    """Register a CPU kernel for each `<namespace>::<name>` op that has a CUDA kernel only; returns those names."""
+    done = []
+    for name in names:
+        qual = f"{namespace}::{name}"
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        ns = getattr(torch.ops, namespace)
+        if not hasattr(ns, name) or has(qual, "CPU") or not has(qual, "CUDA"):
+            continue
+        op = getattr(ns, name).default
+        cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+        def kernel(*args, _op=op, **kwargs):
+            return _op.redispatch(cuda, *args, **kwargs)
+
+        lib = torch.library.Library(namespace, "IMPL")
+        lib.impl(name, kernel, "CPU")
+        _LIBS.append(lib)
+        done.append(name)
+    return done
+
+
 def make_backend(cuda_graph_runner, **_options):
     """An EagerReplayBackend for `cuda_graph_runner` (options of the CUDA backends are moot)."""
+    cpu_kernels_for_cuda_only_ops()
     cls = _backend_class()
     backend = cls.__new__(cls)
     backend._setup(cuda_graph_runner)
@@ -75,13 +110,15 @@ def _backend_class():
             self._cuda_graph_runner = cuda_graph_runner
             self._fns = {}
             self._outputs = {}
+            self._replayed = set()
             self.replays = 0
 
         @contextmanager
         def capture_session(self, stream):
             yield  # no graph pool, no capture stream on CPU
 
-        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None, **_ignored):
+            # _ignored: 0.5.15.post1's `dummies` (inputs a CUDA graph keeps alive; a re-run needs none)
             from sglang.srt.runtime_context import get_parallel
 
             for _ in range(2):  # the CUDA backend's warm-ups: one-time setup before the recorded run
@@ -112,6 +149,9 @@ def _backend_class():
             finally:
                 if redirect is not None:
                     layer_model.forward = redirect
+            if shape_key not in self._replayed:  # one line per graph: the replay path ran here
+                self._replayed.add(shape_key)
+                logger.warning("%s %s %s", FIRST_REPLAY, type(self._cuda_graph_runner).__name__, shape_key)
             self.replays += 1
             captured = self._outputs[shape_key]
             copy_into(captured, fresh)

@@ -11,6 +11,8 @@ Fix: AROUND `capture_decode_graph`: when SGLang built no runner on a CPU target 
 decode graph configured, build `model_runner._decode_cuda_graph_runner_cls()` (the CUDA
 `DecodeCudaGraphRunner`). AROUND `ForwardMode.is_cpu_graph`: answer as `is_cuda_graph`
 (DECODE, TARGET_VERIFY, IDLE), the modes that runner captures.
+0.5.15.post1 has the same early return inside `ModelRunner.init_decode_cuda_graph`, which sets
+`decode_cuda_graph_runner` itself: an AFTER hook there builds the runner when that method left none.
 """
 import logging
 import time
@@ -20,6 +22,7 @@ from sglang_patches.registry import Fix, Hook
 from . import graphs_idle_reason, graphs_on
 
 CAPTURE = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
+INIT_DECODE = "sglang.srt.model_executor.model_runner.ModelRunner.init_decode_cuda_graph"  # 0.5.15.post1
 MODE = "sglang.srt.model_executor.forward_batch_info.ForwardMode.is_cpu_graph"
 logger = logging.getLogger("slime_moe_rollout")
 
@@ -35,6 +38,20 @@ def wants_decode_runner(model_runner) -> bool:
     )
 
 
+def new_decode_runner(model_runner) -> tuple:
+    """(SGLang's CUDA decode graph runner built for `model_runner`, seconds its capture took)."""
+    if hasattr(model_runner, "_decode_cuda_graph_runner_cls"):
+        cls = model_runner._decode_cuda_graph_runner_cls()
+    else:  # 0.5.15.post1
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner as cls
+    tic = time.perf_counter()
+    runner = cls(model_runner)
+    took = time.perf_counter() - tic
+    logger.warning("slime-moe-rollout: CPU graph replay: %s captured bs=%s in %.1f s",
+                   type(runner).__name__, runner.capture_bs, took)
+    return runner, took
+
+
 def build_decode_runner(original, *args, **kwargs):
     capture = original(*args, **kwargs)
     model_runner = kwargs.get("model_runner", args[0] if args else None)
@@ -42,12 +59,14 @@ def build_decode_runner(original, *args, **kwargs):
         return capture
     import msgspec
 
-    tic = time.perf_counter()
-    runner = model_runner._decode_cuda_graph_runner_cls()(model_runner)
-    took = time.perf_counter() - tic
-    logger.warning("slime-moe-rollout: CPU graph replay: %s captured bs=%s in %.1f s",
-                   type(runner).__name__, runner.capture_bs, took)
+    runner, took = new_decode_runner(model_runner)
     return msgspec.structs.replace(capture, runner=runner, capture_time=took)
+
+
+def build_decode_runner_after_init(result, self, *args, **kwargs):
+    if self.decode_cuda_graph_runner is None and graphs_on() and wants_decode_runner(self):
+        self.decode_cuda_graph_runner = new_decode_runner(self)[0]
+    return None
 
 
 def cuda_graph_modes(original, self, *args, **kwargs):
@@ -57,6 +76,7 @@ def cuda_graph_modes(original, self, *args, **kwargs):
 
 
 BUILD_DECODE_RUNNER = Hook(CAPTURE, build_decode_runner, "around")
+BUILD_AFTER_INIT = Hook(INIT_DECODE, build_decode_runner_after_init, "after")
 GRAPH_MODES = Hook(MODE, cuda_graph_modes, "around")
 
 FIX = Fix(

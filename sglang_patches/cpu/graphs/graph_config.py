@@ -7,12 +7,15 @@ inherits it.
 
 Fix: AROUND that pass: with CPU graph replay on, re-declare the graph config the pass found
 (the user's buckets and backends) after it ran; everything else it decided stays.
+0.5.15.post1 does the same in `ServerArgs._handle_attention_backend_compatibility` by writing
+`cuda_graph_config.{decode,prefill}.backend` itself: an AROUND hook there puts the two backends back.
 """
 from sglang_patches.registry import Fix, Hook
 
 from . import graphs_idle_reason, graphs_on
 
 TARGET = "sglang.srt.arg_groups.attention_hook.handle_attention_backend_compatibility"
+SERVER_ARGS_TARGET = "sglang.srt.server_args.ServerArgs._handle_attention_backend_compatibility"  # 0.5.15.post1
 
 
 def keep_graph_config(original, server_args, *args, **kwargs):
@@ -28,7 +31,19 @@ def keep_graph_config(original, server_args, *args, **kwargs):
     return out
 
 
+def keep_graph_backends(original, self, *args, **kwargs):
+    cfg = getattr(self, "cuda_graph_config", None)
+    if not graphs_on() or self.device != "cpu" or cfg is None:
+        return original(self, *args, **kwargs)
+    before = (cfg.decode.backend, cfg.prefill.backend)
+    out = original(self, *args, **kwargs)
+    cfg = self.cuda_graph_config
+    cfg.decode.backend, cfg.prefill.backend = before
+    return out
+
+
 KEEP_GRAPH_CONFIG = Hook(TARGET, keep_graph_config, "around")
+KEEP_GRAPH_BACKENDS = Hook(SERVER_ARGS_TARGET, keep_graph_backends, "around")
 
 FIX = Fix(
     name="cpu-graphs-config",

@@ -147,13 +147,46 @@ def decode_attention_cpu(
         output[b] = out[0].to(output.dtype)
 
 
+# SGLang before 0.5.20 (sglang-kernel 0.4) calls both ops without k_scale / v_scale.
+SCALES = "float k_scale, float v_scale, "
+SCALES_SINCE = (0, 5, 20)
+SCALES_AT = {"extend_attention_cpu": 6, "decode_attention_cpu": 3}  # positional index of k_scale
+
+
+def takes_scales(sglang_version=None) -> bool:
+    """Whether the installed SGLang passes k_scale / v_scale to the attention ops."""
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    if sglang_version is None:
+        try:
+            sglang_version = version("sglang")
+        except PackageNotFoundError:
+            return True
+    return tuple(int(x) for x in re.findall(r"\d+", sglang_version)[:3]) >= SCALES_SINCE
+
+
+def unscaled(name, fn):
+    """`fn` as the pre-0.5.20 op: the same arguments without the two scales (1.0 each)."""
+    at = SCALES_AT[name]
+
+    def op(*args):
+        return fn(*args[:at], 1.0, 1.0, *args[at:])
+
+    op.__name__ = name
+    return op
+
+
 def register_torch_ops(impls=None) -> None:
     """Make torch.ops.sgl_kernel.{extend,decode}_attention_cpu call the functions above
-    (or impls[name]). Idempotent; skips an op already registered (e.g. by a real sgl_kernel)."""
+    (or impls[name]), with the argument list the installed SGLang calls. Idempotent; skips an op
+    already registered (e.g. by a real sgl_kernel)."""
     impls = impls or {}
     ns = torch.ops.sgl_kernel
+    scaled = takes_scales()
     todo = [
-        (name, schema, impls.get(name, fn))
+        (name, schema if scaled else schema.replace(SCALES, ""),
+         impls.get(name, fn) if scaled else unscaled(name, impls.get(name, fn)))
         for name, schema, fn in (
             ("extend_attention_cpu", EXTEND_SCHEMA, extend_attention_cpu),
             ("decode_attention_cpu", DECODE_SCHEMA, decode_attention_cpu),

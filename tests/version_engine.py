@@ -1,0 +1,109 @@
+"""A real CPU engine on another reviewed SGLang variant: the parent starts this file in the variant's
+environment's python (`scripts/setup_sglang_env.sh <variant>`), which launches the preset's engine as the
+product does (EngineSpec -> LocalBackend, phased readiness), runs the asked requests, stops it and prints
+one JSON line. Transformers' side of each comparison stays in the parent.
+
+Request (JSON): model, preset, group (EngineGroup fields), disable (fix names), graphs (null: eager, else
+{"prefill": ...} for test_cpu_graphs.with_graphs), jobs ("prompts": each prompt alone; "per_rank":
+test_cpu_graphs' DP-rank pattern; "rank_pairs": each prompt on both DP ranks at once, one prompt after
+another, so every prefill step has one 14-token prompt a rank), n (new tokens), fail_text (the engine must
+not come up: only its log comes back, once this text is in it or it exited).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(variant: str, **request) -> dict:
+    """Parent side: the child's answer; `log` is the engine's whole log text."""
+    from conftest import ENGINE_BUDGET_S
+    from test_version_matrix import python_of
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    env.pop("SGLANG_PLUGINS", None)
+    env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
+    t0 = time.monotonic()
+    p = subprocess.run([str(python_of(variant)), __file__, json.dumps(request)], env=env, capture_output=True,
+                       text=True, timeout=ENGINE_BUDGET_S + 600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    with open(got["log_path"], errors="replace") as f:
+        got["log"] = f.read()
+    got["took_s"] = round(time.monotonic() - t0, 1)
+    print(f"{variant} {request.get('preset')} engine: {got['took_s']} s", file=sys.stderr)
+    return got
+
+
+def _spec(req):
+    from conftest import preset
+    from test_cpu_graphs import with_graphs
+
+    spec = preset(req.get("preset", "c"), req["model"], **req.get("group", {}))
+    disable = tuple(req.get("disable", ()))
+    if req.get("graphs") is not None:
+        return with_graphs(spec, prefill=req["graphs"].get("prefill"), disable=disable)
+    if disable:
+        spec.group.env["SLIME_MOE_ROLLOUT_DISABLE"] = ",".join(disable)
+    return spec
+
+
+def _jobs(eng, req):
+    from conftest import generate
+    from test_cpu_graphs import per_rank_results
+    from test_engine_single import prompts
+
+    n, kind, model = req.get("n", 9), req.get("jobs", "prompts"), req["model"]
+    if kind == "per_rank":
+        return [[ids, rank, out] for rank, outs in per_rank_results(eng, model, n).items() for ids, out in outs]
+    if kind == "rank_pairs":   # each prompt on both DP ranks at once, one prompt after another
+        return [[ids, rank, out] for ids in prompts(model) for ids, rank, out in _pair(eng, ids, n)]
+    return [[ids, None, generate(eng, ids, n)] for ids in prompts(model)]
+
+
+def _pair(eng, ids, n) -> list:
+    """[(ids, rank, out or error text)] for `ids` sent to DP ranks 0 and 1 at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import generate
+
+    def one(rank):
+        try:
+            return generate(eng, ids, n, routed_dp_rank=rank)
+        except Exception as e:   # noqa: BLE001 - a crashed engine answers with a dropped connection
+            return f"{type(e).__name__}: {e}"
+
+    with ThreadPoolExecutor(2) as ex:
+        return [(ids, rank, out) for rank, out in zip((0, 1), ex.map(one, (0, 1)))]
+
+
+def child(req) -> dict:
+    from conftest import active_fixes, start_engine, stop_engine
+    from test_cpu_graphs import failed_start_log
+
+    log_dir = tempfile.mkdtemp(prefix="version-engine-")
+    spec = _spec(req)
+    if req.get("fail_text"):
+        path = os.path.join(log_dir, "failed-start.log")
+        with open(path, "w") as f:
+            f.write(failed_start_log(spec, log_dir, req["fail_text"]))
+        return {"log_path": path}
+    t0 = time.monotonic()
+    eng = start_engine(spec, log_dir)
+    try:
+        ready_s = round(time.monotonic() - t0, 1)
+        results = _jobs(eng, req)
+        time.sleep(2)
+        return {"ready_s": ready_s, "fixes": active_fixes(eng), "results": results, "alive": eng.alive(),
+                "log_path": eng.log_path}
+    finally:
+        left = stop_engine(eng)[1]
+        assert not left, f"engine processes left: {left}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(child(json.loads(sys.argv[1]))))
