@@ -9,7 +9,8 @@ its own buffer (both hooks); `moe_forward_native`, `all_gather_into_tensor` and 
 differ from 0.5.23's in lines the hooks do not depend on (same signatures, same CPU branch): re-pinned.
 CPU graph replay: 0.5.23's hook points (the torch_native graph switch-off, the CPU decode-runner early
 return, the backend resolvers, the runner's device module) with other source around them: re-pinned;
-the attention-backend and pynccl targets are 0.5.23's.
+the attention-backend and pynccl targets are 0.5.23's; DP attention's row copy has its CPU branch and
+the DP token counts are pinned only where pinning is available (upstream).
 """
 from sglang_patches.cpu.fixes import (ep_native_moe as epm, gloo_stacked_allgather as gsa, host_register as hr,
                                       thread_binding as tb)
@@ -49,4 +50,6 @@ PORTS = {
                                        rb.DEVICE_MODULE: "04f5a7e98fcc063a"}, test=GRAPHS_TEST),
     "cpu-graphs-attn-backend": v0_5_23.PORTS["cpu-graphs-attn-backend"],
     "cpu-graphs-pynccl-state": v0_5_23.PORTS["cpu-graphs-pynccl-state"],
+    "cpu-graphs-dp-memcpy": v0_5_23.PORTS["cpu-graphs-dp-memcpy"],
+    "cpu-graphs-mlp-sync-pin": v0_5_23.PORTS["cpu-graphs-mlp-sync-pin"],
 }

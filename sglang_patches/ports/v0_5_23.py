@@ -11,6 +11,10 @@ from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
 GUARDS = "tests/test_upstream_guards.py"
+DP_MEMCPY_UPSTREAM = Port(state=FixState.UPSTREAM, test="tests/test_cpu_graphs.py::test_dp_memcpy_on_0_5_15",
+                          reason="dp_attention.memcpy copies with torch (memcpy_cpu) on CPU")
+MLP_SYNC_PIN_UPSTREAM = Port(state=FixState.UPSTREAM, test="tests/test_cpu_graphs.py::test_mlp_sync_pin_on_0_5_15",
+                             reason="prepare_mlp_sync_batch pins only where pinned memory is available")
 PORTS = {
     "capturer-extent": Port({ce.RECORD_EXTENT: "c217bd61336be489", ce.EXECUTED_EXTENT: "e289e633c1082b48"}),
     "routed-experts-rows": Port({rer.GROW: "40d769cb2c2c22a1"}),
@@ -47,4 +51,6 @@ PORTS = {
     "cpu-graphs-attn-backend": Port({agh.NO_STATE: "bf6580225eeb7cc7", agh.FILL_HOOK: "f7efe5e1ce080f78",
                                      agh.EAGER_METADATA: "3cc5c7014b95a738"}),
     "cpu-graphs-pynccl-state": Port({ps.KEEP_OFF: "c6b3a7c9e2c18d9e"}),
+    "cpu-graphs-dp-memcpy": DP_MEMCPY_UPSTREAM,
+    "cpu-graphs-mlp-sync-pin": MLP_SYNC_PIN_UPSTREAM,
 }

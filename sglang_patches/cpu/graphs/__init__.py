@@ -23,6 +23,8 @@ GRAPH_FIX_MODULES = (
     "replay_backend",
     "attn_graph_hooks",
     "pynccl_state",
+    "dp_memcpy",
+    "mlp_sync_pin",
 )
 
 

@@ -11,8 +11,10 @@ It subclasses `FullCudaGraphBackend` without running its `__init__` (which build
 memory pool): the prefill runner picks its data flow by `isinstance(backend, FullCudaGraphBackend)`.
 
 Up to 0.5.19 a prefill graph runs attention through SGLang custom ops registered for the CUDA
-dispatch key only (0.5.23 runs it eagerly there): `cpu_kernels_for_cuda_only_ops` gives them a CPU
-kernel that redispatches to that registration, the op's own device-agnostic Python function.
+dispatch key only (0.5.23 runs it eagerly there), and on 0.5.15.post1 a DP-attention capture's
+collectives go through such ops too (`reg_reduce_scatter_tensor`, `reg_all_gather_into_tensor`; 0.5.19
+calls the group's own collective on CPU): `cpu_kernels_for_cuda_only_ops` gives them a CPU kernel that redispatches to
+that registration, the op's own device-agnostic Python function.
 
 Limit: Python reruns at replay, so values a real graph would bake in while Python reads them
 live (e.g. torch_native looping over live `seq_lens`) are not reproduced; data-flow defects are.
@@ -60,7 +62,8 @@ def copy_into(captured, fresh, where: str = "output") -> None:
     # None / Python scalars: a graph returns what was captured
 
 
-CUDA_ONLY_OPS = ("unified_attention_with_output", "unified_attention_with_output_and_lse")
+CUDA_ONLY_OPS = ("unified_attention_with_output", "unified_attention_with_output_and_lse",
+                 "reg_reduce_scatter_tensor", "reg_all_gather_into_tensor")
 _LIBS = []  # keeps the CPU kernel registrations alive
 
 
