@@ -116,17 +116,22 @@ def test_unavailable_pynccl_stays_off_in_capture(probes):
 
 
 def test_graph_fixes_idle_unless_asked(monkeypatch):
+    """Each graph fix hooked on 0.5.23 (the others are upstream there: guard tests) is idle unless asked for."""
+    from sglang_patches.registry import table
+
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     monkeypatch.delenv("SLIME_MOE_ROLLOUT_DISABLE", raising=False)
     monkeypatch.delenv(ENV, raising=False)
-    for fix in FIXES:
+    hooked = [f for f in FIXES if table("v0_5_23")[f.name].state == "active"]
+    assert {f.name for f in FIXES} - {f.name for f in hooked} == {"cpu-graphs-dp-memcpy", "cpu-graphs-mlp-sync-pin"}
+    for fix in hooked:
         v = judge(fix, "0.5.23")
         assert v.state == "idle" and ENV in v.reason, fix.name
     monkeypatch.setenv(ENV, "1")
-    for fix in FIXES:
+    for fix in hooked:
         assert fix.family == "cpu" and judge(fix, "0.5.23").state == "active", fix.name
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE")
-    assert all(judge(f, "0.5.23").state == "idle" for f in FIXES)
+    assert all(judge(f, "0.5.23").state == "idle" for f in hooked)
 
 
 def test_eager_replay_reruns_on_static_buffers(monkeypatch):
@@ -205,6 +210,51 @@ def test_cuda_only_custom_op_gets_a_cpu_kernel():
     torch.ops.slime_moe_rollout_test.add_one(x)
     assert x.tolist() == [1, 1]
     assert cpu_kernels_for_cuda_only_ops(["add_one"], namespace="slime_moe_rollout_test") == []  # once
+
+
+MEMCPY_PROBE = r"""
+import json, sys, torch
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.layers import dp_attention as d
+copy = getattr(d, sys.argv[1])
+out = {}
+try:
+    src, dst, g = torch.arange(12.).view(6, 2), torch.zeros(4, 2), torch.zeros(6, 2)
+    copy(dst, src, 0, torch.tensor([2]), torch.tensor([3]), True)    # rows 2-4 of src to dst[0:3]
+    copy(g, torch.ones(2, 2), 0, torch.tensor([3]), torch.tensor([2]), False)    # 2 rows to g[3:5]
+    out["rows"] = [dst.tolist(), g.tolist()]
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+print("MEMCPY " + json.dumps(out))
+"""
+MEMCPY_ROWS = [[[4, 5], [6, 7], [8, 9], [0, 0]], [[0, 0], [0, 0], [0, 0], [1, 1], [1, 1], [0, 0]]]
+
+
+def memcpy_probe(python, fn, **env_over) -> dict:
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=ROOT, **{ENV: "1"})
+    for k in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE"):
+        env.pop(k, None)
+    env.update(env_over)
+    proc = subprocess.run([str(python), "-c", MEMCPY_PROBE, fn], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("MEMCPY ")]
+    assert line, f"memcpy probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(line[0].split(" ", 1)[1])
+
+
+@pytest.mark.timeout(600)
+def test_dp_memcpy_on_0_5_15():
+    """0.5.15.post1: DP attention's row copy is a Triton launch on CPU tensors too (no driver: dies);
+    with the plugin (graphs on) the same call copies the kernel's rows with torch. 0.5.23 (guard): SGLang's
+    own dispatcher picks its CPU copy on CPU and copies the same rows."""
+    from test_version_matrix import python_of
+
+    py = python_of("0.5.15.post1")
+    stock = memcpy_probe(py, "memcpy_triton", SGLANG_PLUGINS="none")
+    assert stock == {"error": "RuntimeError: 0 active drivers ([]). There should only be one."}
+    assert memcpy_probe(py, "memcpy_triton") == {"rows": MEMCPY_ROWS}
+    assert memcpy_probe(sys.executable, "memcpy", SGLANG_PLUGINS="none") == {"rows": MEMCPY_ROWS}
 
 
 # ---- real engines ---------------------------------------------------------------------------

@@ -2,9 +2,12 @@
 CPU engine on the releases slime and Miles run. On 0.5.19 (Miles) it runs eagerly and with CPU graph replay,
 which shows what `capturer-extent` and `routed-experts-rows` change in a running engine. On 0.5.15.post1
 (slime's, with or without slime's patches) it cannot start on CPU: the NEXTN KV pool warms up a Triton
-kernel that has no CPU path there. Each engine runs in its variant's environment (tests/version_engine.py);
-transformers' router is asked here.
+kernel that has no CPU path there; without NEXTN and with CPU prefill graphs it runs, and shows the two
+fixes' prefill-graph results (the `test_c_no_nextn_*` tests). Each engine runs in its variant's
+environment (tests/version_engine.py); transformers' router is asked here.
 """
+import re
+
 import pytest
 from conftest import hf_greedy
 from test_cpu_graphs import DP_RANKS, wrong_rows
@@ -153,7 +156,7 @@ def test_c_cannot_start_on_0_5_15(variant, tiny_match_model):
     """0.5.15.post1 (slime's release, with or without slime's patches): configuration (c) dies at start-up on
     CPU, eager or with graphs, before any fix matters: with speculative decoding the KV pool warms up its
     Triton KV-copy kernel (memory_pool.py `_init_kv_copy_and_warmup`), which has no CPU path there
-    (0.5.19 calls the CPU kernel op)."""
+    (0.5.19 calls the CPU kernel op). Without NEXTN it starts with CPU graphs on (`test_c_no_nextn_*`)."""
     got = run(variant, model=tiny_match_model, preset="c", fail_text=NO_TRITON_DRIVER)
     assert f"in {KV_COPY_WARMUP}" in got["log"] and NO_TRITON_DRIVER in got["log"]
 
@@ -174,3 +177,99 @@ def test_a_decode_graphs_on_0_5_15(variant, tiny_model):
     assert f"{FIRST_REPLAY} DecodeCudaGraphRunner" in got["log"]
     for ids, _, out in got["results"]:
         check_routed(tiny_model, ids, out)
+
+
+# ---- 0.5.15.post1 (stock and slime's image): configuration (c) without NEXTN, CPU prefill graphs on ----
+
+V0515 = ("0.5.15.post1", "0.5.15.post1+slime")
+NO_NEXTN = {"speculative": None}   # NEXTN cannot start there (test_c_cannot_start_on_0_5_15)
+PREFILL_REPLAY = re.compile(r" DP(\d) .*Prefill batch, #new-seq: 1, #new-token: (\d+),.* cpu graph: True")
+
+
+def prefill_replay_ranks(log: str) -> set:
+    """DP ranks whose log shows a prefill-graph replay of a whole 14-token prompt."""
+    return {int(rank) for rank, n in PREFILL_REPLAY.findall(log) if int(n) >= 9}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", V0515)
+def test_c_no_nextn_prefill_graphs_without_capturer_extent_crash(variant, tiny_match_model):
+    """`capturer-extent` off: readiness's DP probe (a 1-token prompt on each DP rank at once) is the first
+    forward, a prefill-graph replay before any decode replay, so the capturer is handed the decode runner's
+    `bs`, still None (stock passes `bs`; slime's patch passes `bs * num_tokens_per_bs` once `bs` is set, else
+    None), and every scheduler dies in `get_dp_local_slice_cpu`: the engine never comes up. slime's patch
+    fixes the verify stride, not this prefill half."""
+    from sglang_patches.cpu.graphs.backend import FIRST_REPLAY
+    from test_cpu_graphs import PREFILL_GRAPH
+
+    got = run(variant, model=tiny_match_model, preset="c", group=NO_NEXTN, graphs={"prefill": PREFILL_GRAPH},
+              disable=["capturer-extent"], not_ready=True)
+    log = got["log"]
+    assert "phase '/health_generate 200' failed" in got["not_ready"]
+    assert PREFILL_CRASH_LINE in log and PREFILL_CRASH in log
+    replay = log.index(f"{FIRST_REPLAY} PrefillCudaGraphRunner")
+    assert replay < log.index(PREFILL_CRASH) and f"{FIRST_REPLAY} DecodeCudaGraphRunner" not in log
+    assert "cpu-graphs-dp-memcpy" in log and "capturer-extent" not in log.split("active fixes:")[1].splitlines()[0]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", V0515)
+def test_c_no_nextn_prefill_graphs_match_transformers(variant, tiny_match_model):
+    """The same engine and requests with the fix set (on slime's image: slime's patch plus the plugin):
+    whole prompts replay the prefill graph on both DP ranks; tokens and routed experts equal transformers
+    on every rank and token."""
+    from test_cpu_graphs import PREFILL_GRAPH
+
+    got = graphs_run(variant, tiny_match_model, "rank_pairs", prefill=PREFILL_GRAPH, **NO_NEXTN)
+    assert {"capturer-extent", "cpu-graphs-dp-memcpy", "cpu-graphs-mlp-sync-pin"} <= set(got["fixes"])
+    assert prefill_replay_ranks(got["log"]) == set(DP_RANKS), "no whole-prompt prefill replay on a rank"
+    check_rows_match(tiny_match_model, got)
+
+
+PINNED = "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend"
+
+
+@pytest.mark.timeout(900)
+def test_c_no_nextn_without_mlp_sync_pin_dies_at_first_forward(tiny_match_model):
+    """0.5.15.post1, `cpu-graphs-mlp-sync-pin` off: the graphs are captured, then the first eager DP-attention
+    forward (readiness's probes) stages the DP token counts in pinned memory and every scheduler dies."""
+    from test_cpu_graphs import PREFILL_GRAPH
+
+    got = run("0.5.15.post1", model=tiny_match_model, preset="c", group=NO_NEXTN, graphs={"prefill": PREFILL_GRAPH},
+              disable=["cpu-graphs-mlp-sync-pin"], not_ready=True)
+    log = got["log"]
+    assert "CPU graph replay: DecodeCudaGraphRunner captured bs=" in log
+    assert PINNED in log and "in prepare_mlp_sync_batch" in log
+
+
+SHORT_PREFILL_BUFFER = {**NO_NEXTN, "chunked_prefill_size": 16, "max_running_requests": 12}
+PREFILL_ROWS_OVERFLOW = "The expanded size of the tensor (16) must match the existing size (64)"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", V0515)
+def test_c_no_nextn_prefill_graphs_without_routed_experts_rows_crash_at_capture(variant, tiny_match_model):
+    """`routed-experts-rows` off, chunked prefill 16 and 12 running requests: SGLang sizes the capture buffer
+    max(8, 6) x 2 DP ranks = 16 rows, below the prefill graph buckets; capturing the 32-token prefill graph
+    gathers 32 x 2 = 64 rows into it and the engine never comes up."""
+    from test_cpu_graphs import BUFFER_ROWS, PREFILL_GRAPH
+
+    got = run(variant, model=tiny_match_model, preset="c", group=SHORT_PREFILL_BUFFER, graphs={"prefill": PREFILL_GRAPH},
+              disable=["routed-experts-rows"], fail_text=PREFILL_ROWS_OVERFLOW)
+    assert set(BUFFER_ROWS.findall(got["log"])) == {"16"}
+    assert PREFILL_ROWS_OVERFLOW in got["log"] and "in capture_one_shape" in got["log"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", V0515)
+def test_c_no_nextn_prefill_graphs_short_buffer_match_transformers(variant, tiny_match_model):
+    """The same settings with the fix set: the buffer grows past SGLang's 16 rows to the 32-token bucket
+    x 2 DP ranks = 64, and tokens and routed experts equal transformers on both ranks."""
+    from test_cpu_graphs import BUFFER_ROWS, PREFILL_GRAPH
+
+    got = graphs_run(variant, tiny_match_model, "rank_pairs", prefill=PREFILL_GRAPH, **SHORT_PREFILL_BUFFER)
+    assert "routed-experts-rows" in got["fixes"]
+    rows = [int(n) for n in BUFFER_ROWS.findall(got["log"])]
+    assert 16 in rows and max(rows) >= 64, rows
+    assert prefill_replay_ranks(got["log"]) == set(DP_RANKS)
+    check_rows_match(tiny_match_model, got)

@@ -7,8 +7,10 @@ Request (JSON): model, preset, group (EngineGroup fields), disable (fix names), 
 {"prefill": ...} for test_cpu_graphs.with_graphs), jobs ("prompts": each prompt alone; "per_rank":
 test_cpu_graphs' DP-rank pattern; "rank_pairs": each prompt on both DP ranks at once, one prompt after
 another, so every prefill step has one 14-token prompt a rank), n (new tokens), fail_text (the engine must
-not come up: only its log comes back, once this text is in it or it exited).
+not come up: only its log comes back, once this text is in it or it exited), not_ready (true: the engine
+must fail readiness, e.g. die on its probes: the ReadinessError text and the log come back).
 """
+import glob
 import json
 import os
 import subprocess
@@ -85,6 +87,8 @@ def child(req) -> dict:
     from conftest import active_fixes, start_engine, stop_engine
     from test_cpu_graphs import failed_start_log
 
+    from rollout.engines.readiness import ReadinessError
+
     log_dir = tempfile.mkdtemp(prefix="version-engine-")
     spec = _spec(req)
     if req.get("fail_text"):
@@ -93,7 +97,12 @@ def child(req) -> dict:
             f.write(failed_start_log(spec, log_dir, req["fail_text"]))
         return {"log_path": path}
     t0 = time.monotonic()
-    eng = start_engine(spec, log_dir)
+    try:
+        eng = start_engine(spec, log_dir)
+    except ReadinessError as e:   # `not_ready`: readiness's own probes are what the engine must die on
+        if not req.get("not_ready"):
+            raise
+        return {"not_ready": str(e), "log_path": glob.glob(os.path.join(log_dir, "*.log"))[0]}
     try:
         ready_s = round(time.monotonic() - t0, 1)
         results = _jobs(eng, req)

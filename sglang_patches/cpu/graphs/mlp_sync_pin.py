@@ -52,6 +52,6 @@ FIX = Fix(
         "A CPU-only torch has no pinned allocator, so the first eager DP-attention forward kills the scheduler."
     ),
     reference="found running configuration (c) without NEXTN on CPU (SGLang 0.5.15.post1)",
-    test="tests/test_cpu_graphs.py::test_mlp_sync_pin_on_0_5_15",
+    test="tests/test_engine_versions.py::test_c_no_nextn_without_mlp_sync_pin_dies_at_first_forward",
     when=graphs_idle_reason,
 )
