@@ -6,7 +6,8 @@ is hooked on `RadixAttention.forward`; the capturer sizing reads the global serv
 CPU graph replay: the runner/backend split of 0.5.23 (same backend resolvers, runner device module,
 attention-backend and pynccl targets); the torch_native graph switch-off is a ServerArgs method and the CPU
 decode-runner early return sits in `ModelRunner.init_decode_cuda_graph` (their own hooks); DP attention's
-row copy is Triton-only (`dp_attention.memcpy_triton`, its own hook).
+row copy is Triton-only (`dp_attention.memcpy_triton`) and its token counts are pinned on every device
+(`prepare_mlp_sync_batch`): hooked by their own graph fixes.
 """
 from sglang_patches.cpu.fixes import (cuda_synchronize as cs, dp_controller_idle as dci, eagle_attention_backend as eab,
                                       ep_native_moe as epm, gloo_stacked_allgather as gsa,
@@ -24,7 +25,6 @@ MATRIX = "tests/test_version_matrix.py"
 FIX_TEST, GUARD_TEST = f"{MATRIX}::test_fix_on_variant", f"{MATRIX}::test_guard_on_variant"
 ENGINE_TEST = "tests/test_engine_v0_5_15.py::test_a_routed_experts_match_transformers"
 GRAPHS_TEST = "tests/test_engine_versions.py::test_a_decode_graphs_on_0_5_15"
-C_GRAPHS_TEST = "tests/test_engine_versions.py::test_c_prefill_graphs_with_the_fix_set_match_transformers"
 
 CAPTURER_EXTENT = Port({ce.RECORD_EXTENT: "d51386f193d20925", ce.EXECUTED_EXTENT: "fd77ad70640d5781"}, test=FIX_TEST)
 CAPTURE_SNAPSHOT = Port({snap.SNAPSHOT: "fd77ad70640d5781"}, test=FIX_TEST)
@@ -75,6 +75,6 @@ PORTS = {
                                        rb.DEVICE_MODULE: "80be75ebded8c4b9"}, test=GRAPHS_TEST),
     "cpu-graphs-attn-backend": v0_5_23.PORTS["cpu-graphs-attn-backend"],
     "cpu-graphs-pynccl-state": v0_5_23.PORTS["cpu-graphs-pynccl-state"],
-    "cpu-graphs-dp-memcpy": Port({dpm.TORCH_COPY: "d6398dd2bae4e16d"}, test=C_GRAPHS_TEST),
-    "cpu-graphs-mlp-sync-pin": Port({msp.NO_PIN: "3ec4976a5007386c"}, test=C_GRAPHS_TEST),
+    "cpu-graphs-dp-memcpy": Port({dpm.TORCH_COPY: "d6398dd2bae4e16d"}),
+    "cpu-graphs-mlp-sync-pin": Port({msp.NO_PIN: "3ec4976a5007386c"}),  # the same target as verify-padding-lcm
 }

@@ -13,7 +13,8 @@ from sglang_patches.states import FixState
 GUARDS = "tests/test_upstream_guards.py"
 DP_MEMCPY_UPSTREAM = Port(state=FixState.UPSTREAM, test="tests/test_cpu_graphs.py::test_dp_memcpy_on_0_5_15",
                           reason="dp_attention.memcpy copies with torch (memcpy_cpu) on CPU")
-MLP_SYNC_PIN_UPSTREAM = Port(state=FixState.UPSTREAM, test="tests/test_engine_versions.py::test_c_routed_experts_match_transformers",
+MLP_SYNC_PIN_UPSTREAM = Port(state=FixState.UPSTREAM,
+                             test="tests/test_engine_versions.py::test_c_routed_experts_match_transformers",
                              reason="prepare_mlp_sync_batch pins only where pinned memory is available")
 PORTS = {
     "capturer-extent": Port({ce.RECORD_EXTENT: "c217bd61336be489", ce.EXECUTED_EXTENT: "e289e633c1082b48"}),

@@ -13,8 +13,8 @@ memory pool): the prefill runner picks its data flow by `isinstance(backend, Ful
 Up to 0.5.19 a prefill graph runs attention through SGLang custom ops registered for the CUDA
 dispatch key only (0.5.23 runs it eagerly there), and on 0.5.15.post1 a DP-attention capture's
 collectives go through such ops too (`reg_reduce_scatter_tensor`, `reg_all_gather_into_tensor`; 0.5.19
-calls the group's own collective on CPU): `cpu_kernels_for_cuda_only_ops` gives them a CPU kernel that redispatches to
-that registration, the op's own device-agnostic Python function.
+calls the group's own collective on CPU): `cpu_kernels_for_cuda_only_ops` gives them a CPU kernel that
+redispatches to that registration, the op's own device-agnostic Python function.
 
 Limit: Python reruns at replay, so values a real graph would bake in while Python reads them
 live (e.g. torch_native looping over live `seq_lens`) are not reproduced; data-flow defects are.

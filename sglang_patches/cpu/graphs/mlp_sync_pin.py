@@ -1,4 +1,4 @@
-"""CPU graphs: a DP-attention batch's token counts go through pinned memory (0.5.15.post1 ... 0.5.18).
+"""CPU graphs: a DP-attention batch's token counts go through pinned memory (up to 0.5.18; ported to 0.5.15.post1).
 
 `ForwardBatch.prepare_mlp_sync_batch` (0.5.15.post1 forward_batch_info.py :1267) stages the DP ranks'
 token counts in `torch.tensor(global_num_tokens, pin_memory=True)` on every device; a CPU-only torch has
