@@ -54,12 +54,16 @@ def main(args) -> int:
             cfg = rconfig.load(args.config)
         except rconfig.ConfigError as e:
             raise CliError(str(e)) from None
-    model_path = args.model or (cfg.model.path if cfg else None)
+    model_path = args.model
+    if cfg:
+        from rollout import models
+        cfg.model.path = args.model or cfg.model.path
+        try:
+            model_path = rconfig.resolve_model(cfg, build=models.build)  # model.build writes it there
+        except rconfig.ConfigError as e:
+            raise CliError(str(e)) from None
     if model_path is None:
         raise CliError("r3 check: --model is required with --url or --samples")
-    if cfg and cfg.model.build:
-        from rollout import models
-        model_path = models.build(cfg.model.build, model_path, seed=cfg.model.seed)
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise CliError(f"r3 check: {model_path} is not a checkpoint directory (no config.json)")
     model_path = os.path.abspath(model_path)
