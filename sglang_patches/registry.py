@@ -210,11 +210,26 @@ def detect(ver: Optional[str] = None, fingerprint_fn=None) -> Detection:
                                 f"variant ({names})")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
+    """One fix's state here, and (asked about a configuration) whether that configuration reaches it."""
+
     fix: Fix
     state: FixState
     reason: str = ""
+    needed: Optional[bool] = None  # None: no configuration asked about
+
+    @property
+    def satisfied(self) -> bool:
+        """Nothing left for the user to do about this fix: a good state, or a configuration that does not need it."""
+        return self.state.good or self.needed is False
+
+    def as_dict(self) -> dict:
+        d = {"name": self.fix.name, "family": self.fix.family, "state": self.state.value, "reason": self.reason,
+             "test": self.fix.test, "reference": self.fix.reference}
+        if self.needed is not None:
+            d["needed"] = self.needed
+        return d
 
 
 def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:

@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglang_patches.errors import CliError
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ReviewError(Exception):
-    pass
+class ReviewError(CliError):
+    """The review cannot go on (one line, exit 2)."""
 
 
 def short(target: str) -> str:

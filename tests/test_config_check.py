@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from rollout.cli import main
+from sglang_patches.states import FixState
 from training_configs.schema import load_config, shipped_configs
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,15 +167,15 @@ def test_shipped_configs_pass_with_sglang():
         rep = check_file(p)
         for g in rep.groups:
             assert g.derived.source.startswith("sglang ")
-            names = {f["name"] for f in g.fixes}
+            names = {v.fix.name for v in g.fixes}
             assert g.fixes, "fixes_for_config returned nothing"
-            assert all({"name", "needed", "state"} <= set(f) for f in g.fixes)
+            assert all(isinstance(v.state, FixState) and v.needed in (True, False) for v in g.fixes)
         if rep.config.name == "glm4.5-355b-a32b":
             d = rep.groups[0].derived
             assert (d.attn_tp_size, d.require_mlp_tp_gather, d.require_attn_tp_gather) == (8, True, True)
             # the config states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
             assert any("require_mlp_tp_gather = False" in w and "deepep" in w for w in rep.warnings), rep.warnings
-            needed = {f["name"] for f in rep.groups[0].fixes if f["needed"]}
+            needed = {v.fix.name for v in rep.groups[0].fixes if v.needed}
             assert "capturer-extent" in needed and "draft-extend-real-rows" in needed, names
 
 

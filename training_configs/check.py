@@ -3,17 +3,19 @@
 Order: schema + structure (`schema.load_config`), our own checks (EAGLE constraints, attention heads,
 ports, extra SGLang args), then SGLang's own derivation (`derive.sglang_derive`, which also runs
 SGLang's argument validation), the comparison with the values the config states (`expected`), and
-the fixes this configuration needs (`sglang_patches.status.fixes_for_config`).
+the fixes this configuration needs (`sglang_patches.status.fixes_for_config`: `Verdict`s).
 An error raises ConfigError (one line); warnings and facts are collected in a `Report`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.net import PORTS_PER_ENGINE, engine_port
+from sglang_patches.errors import CliError
+from sglang_patches.registry import sglang_version
+from sglang_patches.status import fixes_for_config
 from training_configs.derive import Derived, our_derive, sglang_derive
-from training_configs.render import server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
+from training_configs.server_args import PORTS_PER_ENGINE, engine_port, server_fields
 from training_configs.slime_check import managed_checks
 
 EXPECTABLE = ("attn_tp_size", "attn_dp_size", "num_dp_ranks", "require_mlp_tp_gather",
@@ -25,7 +27,7 @@ _A2A_ALTERNATIVES = ("none", "deepep", "flashinfer", "mooncake")
 class GroupReport:
     name: str
     derived: Derived
-    fixes: list = field(default_factory=list)   # dicts: name, needed, state, reason
+    fixes: list = field(default_factory=list)   # sglang_patches.registry.Verdict, `needed` set
     server_args: dict = field(default_factory=dict)
 
 
@@ -41,7 +43,7 @@ class Report:
             "config": self.config.name, "source": self.config.source, "ok": True,
             "warnings": self.warnings, "notes": self.notes,
             "groups": [{"name": g.name, "derived_by": g.derived.source, **g.derived.facts(),
-                        "fixes": g.fixes} for g in self.groups],
+                        "fixes": [v.as_dict() for v in g.fixes]} for g in self.groups],
         }
 
 
@@ -137,30 +139,21 @@ def _fix_args(cfg: TrainingConfig, g: EngineGroup, d: Derived) -> dict:
 
 
 def _fixes(args: dict, warnings: list, gname: str) -> list:
-    try:
-        from sglang_patches.status import fixes_for_config
-    except Exception as e:  # the fix registry is another area; say so instead of failing the check
-        warnings.append(f"group {gname}: fix status unavailable ({type(e).__name__}: {e})")
-        return []
-    rows = fixes_for_config(args)
-    for r in rows:
-        if r.get("needed") and r.get("state") not in ("active", "upstream"):
-            warnings.append(f"group {gname}: needs fix {r['name']}, which is {r['state']} here: {r.get('reason', '')}")
-    return rows
+    verdicts = fixes_for_config(args)
+    for v in verdicts:
+        if not v.satisfied:
+            warnings.append(f"group {gname}: needs fix {v.fix.name}, which is {v.state.value} here: {v.reason}")
+    return verdicts
 
 
 def check_config(cfg: TrainingConfig, use_sglang: bool = True) -> Report:
     static_checks(cfg)
     report = Report(cfg)
     if cfg.slime.integration == "managed":
-        report.warnings += managed_checks(cfg, server_fields)
-    if use_sglang:
-        try:
-            import sglang.srt.server_args  # noqa: F401
-        except Exception as e:
-            report.warnings.append(f"SGLang is not importable here ({type(e).__name__}); derived by our own "
-                                   "copy of SGLang 0.5.23's rules")
-            use_sglang = False
+        report.warnings += managed_checks(cfg)
+    if use_sglang and sglang_version() is None:
+        raise CliError("SGLang is not installed here: install the release the engines run (pip install sglang==...) "
+                       "or check with our copy of SGLang 0.5.23's rules: config check --no-sglang")
     for g in cfg.engine_groups:
         if use_sglang:
             d = sglang_derive(cfg, g)
@@ -196,8 +189,8 @@ def format_report(rep: Report) -> str:
         lines.append(f"  derived by {d.source}: attn_tp_size {d.attn_tp_size}, attn_dp_size {d.attn_dp_size}, "
                      f"require_mlp_tp_gather {d.require_mlp_tp_gather}, require_attn_tp_gather "
                      f"{d.require_attn_tp_gather}, require_gathered_buffer {d.require_gathered_buffer}")
-        for r in gr.fixes:
-            lines.append(f"  fix {r['name']:<28} {'needed' if r.get('needed') else 'not needed':<10} {r.get('state')}")
+        for v in gr.fixes:
+            lines.append(f"  fix {v.fix.name:<28} {'needed' if v.needed else 'not needed':<10} {v.state.value}")
     lines += [f"warning: {w}" for w in rep.warnings]
     lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)

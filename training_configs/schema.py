@@ -82,9 +82,14 @@ from typing import Any, Optional
 
 import yaml
 
+from sglang_patches.errors import CliError
 
-class ConfigError(ValueError):
-    """A config problem, as one line naming the field."""
+
+BASE_PORTS = (1024, 65000)  # rollout.base_port (and --base-port, --port) lie in this range
+
+
+class ConfigError(CliError, ValueError):
+    """A config problem, as one line naming the field (bad input: exit 2 from any command)."""
 
 
 def _f(default=dataclasses.MISSING, *, choices=None, min=None, max=None, factory=None, **kw):
@@ -207,7 +212,7 @@ class RolloutConfig:
     sampling: SamplingConfig = _f(factory=SamplingConfig)
     concurrency_per_engine: int = _f(64, min=1)
     host: str = "127.0.0.1"
-    base_port: int = _f(30000, min=1024, max=65000)
+    base_port: int = _f(30000, min=BASE_PORTS[0], max=BASE_PORTS[1])
     api_key: Optional[str] = None
     engine_auth: str = _f("key", choices=("key", "none"))
     restart_checkpoint: Optional[str] = None
