@@ -31,9 +31,11 @@ PROMPTS = [
 
 
 def dp_fix_names() -> list:
-    from sglang_patches.registry import all_fixes
+    from sglang_patches.registry import all_fixes, detect, judge
+    from sglang_patches.states import FixState
 
-    return [f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream]
+    here = detect()  # the fixes that hook this release
+    return [f.name for f in all_fixes() if f.family == "dp-attention" and judge(f, here).state is FixState.ACTIVE]
 
 
 def engine_spec(mode: str, on: bool, model: str):

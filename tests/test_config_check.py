@@ -13,6 +13,7 @@ from training_configs.schema import load_config, shipped_configs
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = os.path.join(HERE, "training_configs", "glm4.5-355b-a32b.yaml")
 TINY = os.path.join(HERE, "training_configs", "tiny-cpu-dpattn.yaml")
+R3 = os.path.join(HERE, "training_configs", "tiny-cpu-r3.yaml")
 
 
 def _raw(path):
@@ -66,6 +67,12 @@ MALFORMED = [
     ("spec-tree-too-small", SEED, {"engine_groups.0.speculative.eagle_topk": 2,
                                    "engine_groups.0.speculative.num_steps": 2,
                                    "engine_groups.0.speculative.num_draft_tokens": 10}, "exceeds the draft tree"),
+    ("r3-eagle-topk", SEED, {"engine_groups.0.speculative.eagle_topk": 2},
+     "engine_groups[0].speculative.eagle_topk: 2 with routed experts: SGLang's capture rows do not follow"),
+    ("r3-eagle-topk-extra", R3, {"engine_groups.0.extra_sglang_args": {
+        "speculative_algorithm": "NEXTN", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 4}},
+     "engine_groups[0].extra_sglang_args.speculative_eagle_topk: 2 with routed experts: SGLang's capture rows"),
     ("eagle-no-mtp", SEED, {"model.num_nextn_predict_layers": 0}, "num_nextn_predict_layers is 0"),
     ("eagle3-no-draft", SEED, {"engine_groups.0.speculative.algorithm": "EAGLE3"}, "EAGLE3 needs a draft model"),
     ("standalone-dp-attn", SEED, {"engine_groups.0.speculative.algorithm": "STANDALONE",

@@ -68,9 +68,19 @@ def _speculative_checks(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
         raise ConfigError(f"{w}.draft_model_path: {s.algorithm} needs a draft model path")
     if s.algorithm == "STANDALONE" and g.enable_dp_attention:
         raise ConfigError(f"{w}.algorithm: SGLang's STANDALONE speculative decoding does not support DP attention")
-    if s.eagle_topk > 1 and g.routed_experts:
-        raise ConfigError(f"{w}.eagle_topk: {s.eagle_topk} with routed_experts: SGLang's capture rows do not follow "
-                          "the accepted draft path for top-k > 1 (sglang#37949); use eagle_topk 1")
+
+
+def _accepted_path_rows(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
+    """Routed experts with EAGLE top-k > 1, however the flags are given (typed or extra_sglang_args): SGLang's
+    capture rows do not follow the accepted draft path (sglang#37949); the plugin refuses it in the engine too."""
+    f = server_fields(cfg, g)
+    topk = f.get("speculative_eagle_topk") or 1
+    if not (f.get("speculative_algorithm") and f.get("enable_return_routed_experts")) or int(topk) <= 1:
+        return
+    field = "speculative.eagle_topk" if "speculative_eagle_topk" not in g.extra_sglang_args else \
+        "extra_sglang_args.speculative_eagle_topk"
+    raise ConfigError(f"{w}.{field}: {topk} with routed experts: SGLang's capture rows do not follow the accepted "
+                      "draft path for top-k > 1 (sglang#37949); use eagle_topk 1")
 
 
 def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
@@ -87,6 +97,7 @@ def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
     if g.moe_a2a_backend != "none" and g.ep == 1:
         raise ConfigError(f"{w}.moe_a2a_backend: {g.moe_a2a_backend!r} needs expert parallelism (ep > 1)")
     _speculative_checks(cfg, g, w)
+    _accepted_path_rows(cfg, g, w)
     for key in g.expected:
         if key not in EXPECTABLE:
             raise ConfigError(f"{w}.expected.{key}: unknown fact (known: {', '.join(EXPECTABLE)})")
