@@ -234,9 +234,6 @@ class Verdict:
 
 def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:
     """One fix's state on `where`: a Detection, or an SGLang version string detected here."""
-    from sglang_patches.fingerprint import TargetNotFound, fingerprint
-
-    fingerprint_fn = fingerprint_fn or fingerprint
     d = where if isinstance(where, Detection) else detect(where, fingerprint_fn)
     if d.refusal:
         return Verdict(fix, FixState.REFUSED, d.refusal)
@@ -252,12 +249,23 @@ def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:
         return Verdict(fix, FixState.DISABLED, f"disabled by {DISABLE_ENV}")
     if idle:
         return Verdict(fix, FixState.IDLE, idle)
-    for hook, want in port.pins.items():
+    problem = pin_problem(port.pins, fingerprint_fn, review=d.review)
+    if problem:
+        return Verdict(fix, FixState.REFUSED, problem)
+    return Verdict(fix, FixState.ACTIVE, f"{len(port.pins)} hook(s)")
+
+
+def pin_problem(pins: dict, fingerprint_fn=None, review: bool = False) -> str:
+    """'' when every pinned target ({Hook: reviewed fingerprint}) has its reviewed source, else the one-line
+    reason (a review judges a moved target anyway, missing ones still refuse)."""
+    from sglang_patches.fingerprint import TargetNotFound, fingerprint
+
+    fingerprint_fn = fingerprint_fn or fingerprint
+    for hook, want in pins.items():
         try:
             got = fingerprint_fn(hook.target)
         except TargetNotFound as e:
-            return Verdict(fix, FixState.REFUSED, f"hook target missing: {e}")
-        if got != want and not d.review:
-            return Verdict(fix, FixState.REFUSED,
-                           f"source of {hook.target} changed (fingerprint {got} != reviewed {want})")
-    return Verdict(fix, FixState.ACTIVE, f"{len(port.pins)} hook(s)")
+            return f"hook target missing: {e}"
+        if got != want and not review:
+            return f"source of {hook.target} changed (fingerprint {got} != reviewed {want})"
+    return ""
