@@ -73,6 +73,8 @@ MALFORMED = [
         "speculative_algorithm": "NEXTN", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
         "speculative_num_draft_tokens": 4}},
      "engine_groups[0].extra_sglang_args.speculative_eagle_topk: 2 with routed experts: SGLang's capture rows"),
+    ("r3-ngram-extra", R3, {"engine_groups.0.extra_sglang_args": {"speculative_algorithm": "NGRAM"}},
+     "engine_groups[0].extra_sglang_args.speculative_algorithm: NGRAM with routed experts"),
     ("eagle-no-mtp", SEED, {"model.num_nextn_predict_layers": 0}, "num_nextn_predict_layers is 0"),
     ("eagle3-no-draft", SEED, {"engine_groups.0.speculative.algorithm": "EAGLE3"}, "EAGLE3 needs a draft model"),
     ("standalone-dp-attn", SEED, {"engine_groups.0.speculative.algorithm": "STANDALONE",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang_patches.errors import CliError
+from sglang_patches.fixes.accepted_path_rows import tree_drafts
 from sglang_patches.registry import sglang_version
 from sglang_patches.status import fixes_for_config
 from training_configs.derive import Derived, our_derive, sglang_derive
@@ -71,16 +72,20 @@ def _speculative_checks(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
 
 
 def _accepted_path_rows(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
-    """Routed experts with EAGLE top-k > 1, however the flags are given (typed or extra_sglang_args): SGLang's
-    capture rows do not follow the accepted draft path (sglang#37949); the plugin refuses it in the engine too."""
+    """Routed experts with a speculative tree (EAGLE top-k > 1, ngram), however the flags are given (typed or
+    extra_sglang_args): SGLang's capture rows do not follow the accepted draft path (sglang#37949); the
+    plugin refuses it in the engine too."""
     f = server_fields(cfg, g)
-    topk = f.get("speculative_eagle_topk") or 1
-    if not (f.get("speculative_algorithm") and f.get("enable_return_routed_experts")) or int(topk) <= 1:
+    algorithm, topk = f.get("speculative_algorithm"), f.get("speculative_eagle_topk")
+    if not (f.get("enable_return_routed_experts") and tree_drafts(algorithm, topk)):
         return
-    field = "speculative.eagle_topk" if "speculative_eagle_topk" not in g.extra_sglang_args else \
-        "extra_sglang_args.speculative_eagle_topk"
-    raise ConfigError(f"{w}.{field}: {topk} with routed experts: SGLang's capture rows do not follow the accepted "
-                      "draft path for top-k > 1 (sglang#37949); use eagle_topk 1")
+    if int(topk or 1) > 1:
+        field, value = ("extra_sglang_args.speculative_eagle_topk" if "speculative_eagle_topk" in g.extra_sglang_args
+                        else "speculative.eagle_topk"), topk
+    else:
+        field, value = "extra_sglang_args.speculative_algorithm", algorithm
+    raise ConfigError(f"{w}.{field}: {value} with routed experts: SGLang's capture rows do not follow the accepted "
+                      "draft path of a tree or ngram draft (sglang#37949); use EAGLE with eagle_topk 1")
 
 
 def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
