@@ -59,7 +59,9 @@ MALFORMED = [
     ("dup-group", SEED, {"engine_groups.1": "COPY0", "cluster.nodes": 64}, "duplicate group name 'main'"),
     ("too-many-gpus", TINY, {"engine_groups.0.engines": 3}, "12 GPUs requested but cluster has 1x4 = 4"),
     ("megatron-cp", SEED, {"megatron.cp": 3}, "world size 128 is not divisible by tp*pp*cp = 96"),
-    ("megatron-ep", SEED, {"megatron.ep": 7}, "megatron.ep: num_experts 160 is not divisible by ep 7"),
+    ("megatron-ep", SEED, {"megatron.ep": 7}, "megatron.ep: ep*etp 7 does not divide the per-stage world size 32"),
+    ("megatron-ep-experts", TINY, {"megatron": {"ep": 3, "actor_num_gpus_per_node": 3}},
+     "megatron.ep: num_experts 16 is not divisible by ep 3"),
     ("megatron-sp-tp1", SEED, {"megatron.tp": 1}, "sequence_parallel: needs tp > 1"),
     ("spec-algorithm", TINY, {"engine_groups.0.speculative.algorithm": "MEDUSA"}, "'MEDUSA' is not one of"),
     ("spec-topk1-draft", SEED, {"engine_groups.0.speculative.num_draft_tokens": 5},
@@ -226,3 +228,25 @@ def test_schema_loads_what_the_manager_needs():
     assert cfg.model.build == "tiny-glm45" and cfg.cluster.device == "cpu"
     assert g.engines == 2 and g.routed_experts and g.env == {}   # the CPU device profile sets the engine env
     assert cfg.rollout.budgets.total_s > 0 and cfg.rollout.health.failures >= 1
+
+
+def test_config_schema_accepts_the_shipped_configs_and_names_a_bad_field(capsys):
+    """`config schema` is a JSON schema an editor can check a file with: every shipped config passes it; a
+    string where an integer belongs and an unknown key fail it, at the field `config check` names."""
+    import json
+
+    import jsonschema
+
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    for path in shipped_configs():
+        jsonschema.validate(_raw(path), schema)
+    bad = _raw(TINY)
+    bad["engine_groups"][0]["tp"] = "two"
+    with pytest.raises(jsonschema.ValidationError) as e:
+        jsonschema.validate(bad, schema)
+    assert list(e.value.absolute_path) == ["engine_groups", 0, "tp"]
+    bad = _raw(TINY)
+    bad["rollout"]["bse_port"] = 30000
+    with pytest.raises(jsonschema.ValidationError, match="'bse_port' was unexpected"):
+        jsonschema.validate(bad, schema)

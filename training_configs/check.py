@@ -134,7 +134,7 @@ def _compare_expected(g: EngineGroup, d: Derived, warnings: list) -> None:
             for a2a in _A2A_ALTERNATIVES:
                 if a2a == g.moe_a2a_backend or (a2a != "none" and g.ep == 1):
                     continue
-                probe = EngineGroup(**{**g.__dict__, "moe_a2a_backend": a2a})
+                probe = g.model_copy(update={"moe_a2a_backend": a2a})
                 if our_derive(probe).require_mlp_tp_gather == stated:
                     alts.append(a2a)
             msg += f" with moe_a2a_backend {g.moe_a2a_backend!r}"

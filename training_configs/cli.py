@@ -1,4 +1,4 @@
-"""`slime-moe-rollout config check FILE` and `config render FILE --format ...`."""
+"""`slime-moe-rollout config check FILE`, `config render FILE --format ...` and `config schema`."""
 from __future__ import annotations
 
 import json
@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
                    help="slime-args: who launches the engines (default: slime.integration)")
     r.set_defaults(func=_render)
 
+    s = csub.add_parser("schema", help="print the JSON schema of a config file (for editors)")
+    s.set_defaults(func=_schema)
+
 
 def _check(args) -> int:
     from training_configs.check import check_file, format_report
@@ -48,4 +51,11 @@ def _render(args) -> int:
         except KeyError:
             raise ConfigError(f"{args.file}: no engine group named {args.group!r}") from None
     print(render(cfg, args.format, group=args.group, mode=args.mode))
+    return 0
+
+
+def _schema(args) -> int:
+    from training_configs.schema import json_schema
+
+    print(json.dumps(json_schema(), indent=1))
     return 0
