@@ -78,13 +78,14 @@ models; `load_config` turns pydantic's first error into the one-line `ConfigErro
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sglang_patches.errors import CliError
 
+Count = Annotated[int, Field(ge=1)]  # a size, count or parallel degree
 BASE_PORTS = (1024, 65000)  # rollout.base_port (and --base-port, --port) lie in this range
 
 
@@ -109,18 +110,18 @@ def _flags(value: Any) -> Any:
 
 class ModelConfig(_Model):
     path: str
-    num_layers: int = Field(ge=1)
-    num_experts: int = Field(ge=1)
-    topk: int = Field(ge=1)
+    num_layers: Count
+    num_experts: Count
+    topk: Count
     first_k_dense_replace: int = Field(0, ge=0)
     num_shared_experts: int = Field(0, ge=0)
     num_nextn_predict_layers: int = Field(0, ge=0)
     architecture: str = ""
     tokenizer_path: Optional[str] = None
-    hidden_size: Optional[int] = Field(None, ge=1)
-    num_attention_heads: Optional[int] = Field(None, ge=1)
-    num_key_value_heads: Optional[int] = Field(None, ge=1)
-    vocab_size: Optional[int] = Field(None, ge=1)
+    hidden_size: Optional[Count] = None
+    num_attention_heads: Optional[Count] = None
+    num_key_value_heads: Optional[Count] = None
+    vocab_size: Optional[Count] = None
     build: Optional[Literal["tiny-glm45", "near-tie-glm45"]] = None
     seed: int = 0
 
@@ -139,8 +140,8 @@ class ModelConfig(_Model):
 
 
 class ClusterConfig(_Model):
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(8, ge=1)
+    nodes: Count = 1
+    gpus_per_node: Count = 8
     device: Literal["cuda", "cpu"] = "cuda"
 
     @property
@@ -150,29 +151,29 @@ class ClusterConfig(_Model):
 
 class SpeculativeConfig(_Model):
     algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"]
-    num_steps: int = Field(ge=1)
-    eagle_topk: int = Field(ge=1)
-    num_draft_tokens: int = Field(ge=1)
+    num_steps: Count
+    eagle_topk: Count
+    num_draft_tokens: Count
     draft_model_path: Optional[str] = None
 
 
 class EngineGroup(_Model):
     name: str
-    engines: int = Field(ge=1)
-    gpus_per_engine: int = Field(ge=1)
-    tp: int = Field(ge=1)
-    dp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    moe_dense_tp: Optional[int] = Field(None, ge=1)
+    engines: Count
+    gpus_per_engine: Count
+    tp: Count
+    dp: Count = 1
+    ep: Count = 1
+    pp: Count = 1
+    moe_dense_tp: Optional[Count] = None
     enable_dp_attention: bool = False
     enable_dp_lm_head: bool = False
     moe_a2a_backend: str = "none"
     speculative: Optional[SpeculativeConfig] = None
     routed_experts: bool = False
     chunked_prefill_size: Optional[int] = Field(None, ge=-1)
-    max_running_requests: Optional[int] = Field(None, ge=1)
-    cuda_graph_max_bs: Optional[int] = Field(None, ge=1)
+    max_running_requests: Optional[Count] = None
+    cuda_graph_max_bs: Optional[Count] = None
     mem_fraction_static: Optional[float] = Field(None, ge=0.01, le=0.99)
     extra_sglang_args: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -233,7 +234,7 @@ class SamplingConfig(_Model):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
-    max_new_tokens: int = Field(1024, ge=1)
+    max_new_tokens: Count = 1024
 
 
 class ReadinessBudgets(_Model):
@@ -253,14 +254,14 @@ class ReadinessBudgets(_Model):
 class HealthConfig(_Model):
     interval_s: float = Field(30.0, ge=0.1)
     timeout_s: float = Field(30.0, ge=0.1)
-    failures: int = Field(3, ge=1)
+    failures: Count = 3
 
 
 class RolloutConfig(_Model):
-    batch_size: int = Field(ge=1)
-    n_samples_per_prompt: int = Field(ge=1)
+    batch_size: Count
+    n_samples_per_prompt: Count
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    concurrency_per_engine: int = Field(64, ge=1)
+    concurrency_per_engine: Count = 64
     host: str = "127.0.0.1"
     base_port: int = Field(30000, ge=BASE_PORTS[0], le=BASE_PORTS[1])
     api_key: Optional[str] = None
@@ -272,16 +273,16 @@ class RolloutConfig(_Model):
 
 
 class MegatronConfig(_Model):
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-    etp: int = Field(1, ge=1)
+    tp: Count = 1
+    pp: Count = 1
+    cp: Count = 1
+    ep: Count = 1
+    etp: Count = 1
     sequence_parallel: bool = False
-    actor_num_nodes: int = Field(1, ge=1)
-    actor_num_gpus_per_node: int = Field(8, ge=1)
+    actor_num_nodes: Count = 1
+    actor_num_gpus_per_node: Count = 8
     colocate: bool = True
-    max_tokens_per_gpu: Optional[int] = Field(None, ge=1)
+    max_tokens_per_gpu: Optional[Count] = None
     use_dynamic_batch_size: bool = False
     extra_args: dict[str, Any] = Field(default_factory=dict)
 
