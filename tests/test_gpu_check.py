@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scenario_runner import ROOT
+from sglang_patches.scenarios.runner import ROOT
 from test_version_matrix import python_of
 
 GPU = ROOT / "scripts" / "gpu_check"

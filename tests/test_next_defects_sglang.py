@@ -1,6 +1,6 @@
 """sglang#37949 is not reached, and sglang#38717 against routed-experts-rows.
 
-- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`dp_scenarios.py`:
+- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`sglang_patches/scenarios/dp.py`:
   `accepted_path_rows_topk2`, latent in tests/test_version_matrix.py); no supported configuration drafts
   top-k > 1 with routed experts, and config check refuses it with one line (asserted here).
 - sglang#38717 (open) sizes the capture buffer by request capacity x verify width; routed-experts-rows
@@ -11,7 +11,7 @@ import inspect
 import pytest
 import yaml
 
-from scenario_runner import ROOT
+from sglang_patches.scenarios.runner import ROOT
 
 
 def test_accepted_path_rows_not_reached(tmp_path, capsys):

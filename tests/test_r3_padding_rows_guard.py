@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 import torch
-from dp_scenarios import _capturer
+from sglang_patches.scenarios.dp import _capturer
 
 topk = pytest.importorskip("sglang.srt.layers.moe.topk")
 

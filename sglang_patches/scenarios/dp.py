@@ -1,11 +1,11 @@
 """The DP-attention scenarios: real SGLang code on the paths the fix set changes, on every release.
 
 Run as a script in a fresh process (hooks are process-global), in one of three states:
-    python tests/dp_scenarios.py plugin    # SGLang's own load_plugins() loads our entry point
-    python tests/dp_scenarios.py none      # SGLANG_PLUGINS=none: stock SGLang
-    python tests/dp_scenarios.py source    # no plugin; SGLang imported from PYTHONPATH (patched tree)
+    python -m sglang_patches.scenarios.dp plugin  # SGLang's own load_plugins() loads our entry point
+    python -m sglang_patches.scenarios.dp none    # SGLANG_PLUGINS=none: stock SGLang
+    python -m sglang_patches.scenarios.dp source  # no plugin; SGLang imported from PYTHONPATH (patched tree)
 It prints one JSON object {scenario: {"ok": bool, "detail": str}}: "ok" means SGLang behaved correctly.
-Only the distributed context is simulated, by the release's driver (`dp_scenarios_drivers.pick()`).
+Only the distributed context is simulated, by the release's driver (`drivers.pick()`).
 
 Each scenario belongs to a fix and is a `defect` (shows the defect where it exists), a `guard` (right
 with and without the plugin) or a `reach` (why a not-needed defect cannot be reached). What a scenario
@@ -18,9 +18,9 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 from unittest import mock
 
-from dp_scenarios_drivers import pick
-from guard_scenarios import health_generate_codes, verify_logits_rows
-from scenario_runner import main
+from sglang_patches.scenarios.drivers import pick
+from sglang_patches.scenarios.guards import health_generate_codes, verify_logits_rows
+from sglang_patches.scenarios.runner import main
 
 SCENARIOS = {}  # name -> function
 KIND = {}  # name -> (fix name, "defect" | "guard" | "reach")

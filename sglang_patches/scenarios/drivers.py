@@ -1,4 +1,4 @@
-"""Per-release drivers for `dp_scenarios.py`: only the API that differs between SGLang releases.
+"""Per-release drivers for the scenario list (`dp.py`): only the API that differs between SGLang releases.
 
 A driver sets up the simulated distributed context (which DP slot this process is, attn-TP width,
 the schedule numbers) the way that release publishes it, and names the few fields a release's
