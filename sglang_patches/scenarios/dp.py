@@ -356,8 +356,10 @@ def dp_buffer_one_entry_list():
     # A one-entry per-rank list read on DP rank 3: without dp_slot_in SGLang indexes it by rank.
     try:
         rows = _local_slice([16], 3, None)
-    except IndexError as e:
-        return {"ok": False, "detail": f"IndexError: {e}"}
+    except IndexError as e:  # the defect: SGLang's DP-local slice indexes the one-entry list by DP rank
+        at = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{at.filename.rsplit('/', 1)[-1].removesuffix('.py')}.{at.name}: {at.line.strip()}"
+        return {"ok": False, "detail": f"IndexError at {where}: {e}"}
     return {"ok": rows == list(range(16)), "detail": f"rows {rows[:2]}.. of {len(rows)}"}
 
 
@@ -365,14 +367,14 @@ def _gather_lists(stack, a2a):
     sa = API.dp_context(stack, dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"], a2a=a2a,
                         moe_dense_tp_size=GLM["moe_dense_tp_size"], enable_dp_lm_head=GLM["enable_dp_lm_head"],
                         moe_a2a_backend=a2a or "none")
-    return API.gather_flags(stack, sa)
+    return sa, API.gather_flags(stack, sa)
 
 
 @scenario("dp-buffer-sizing", "reach")
 def dp_buffer_glm_a2a_none_full_lists():
     # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank.
     with ExitStack() as stack:
-        mlp, attn = _gather_lists(stack, None)
+        _, (mlp, attn) = _gather_lists(stack, None)
     rows = _local_slice([16, 16, 16, 16], 3, None)
     return {"ok": mlp and rows == list(range(48, 64)),
             "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; rank 3 rows {rows[:2]}.."}
@@ -383,9 +385,12 @@ def dp_buffer_glm_deepep_no_reader():
     # deepep: only the attn-TP gather (one-entry lists), but no reader of a per-rank list runs: every
     # layer stays SCATTERED/TP_ATTN_FULL, dp-lm-head turns the logits DP gather off, and the capturer
     # takes its deepep slice.
+    if API.layer_context is None:
+        return {"ok": False, "detail": f"layer modes are not simulated by the {API.release} driver"}
     with ExitStack() as stack:
-        mlp, attn = _gather_lists(stack, "deepep")
-        modes, logits_gather = _layer_modes(stack) if API.layer_modes else ({"(not simulated here)"}, None)
+        sa, (mlp, attn) = _gather_lists(stack, "deepep")
+        API.layer_context(stack, sa, a2a="deepep", dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"])
+        modes, logits_gather = _layer_modes(stack)
     rows = _local_slice([16], 3, "deepep")
     ok = not mlp and attn and "FULL" not in modes and not logits_gather and rows == list(range(16))
     return {"ok": ok, "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; layer modes "
@@ -582,7 +587,8 @@ EXPECT_STOCK = {
     "verify_padding_k6_attn_tp4": "20 padded rows, batch_size 3 x k 6 = 18",
     "verify_padding_ranks_agree_verify": "busy rank 4 rows, batch_size 1 x 3",
     "capture_snapshot_overlap": SNAPSHOT_STOCK,
-    "dp_buffer_one_entry_list": "IndexError: list index out of range",
+    "dp_buffer_one_entry_list": "IndexError at dp_attention.get_dp_local_slice_cpu: local_num_tokens = "
+                                "global_num_tokens[dp_rank]: list index out of range",
     "draft_token_count": "num_token_non_padded 0 of 4 tokens; 4 of 4 draft tokens' top-k ids masked to -1",
     "accepted_path_rows_topk2": "accepted tree nodes [0, 2]: KV moved from slots [20, 22]; routed rows [100, 101], "
                                 "want [100, 102]",
