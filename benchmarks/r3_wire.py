@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 from routed_experts import GLM45, slime_path  # noqa: E402
 from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts, to_slime_shape, wire_layout  # noqa: E402
-from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
+from _synthetic import synthetic_full  # noqa: E402
 from sglang_patches.features import routed_experts_wire as wire  # noqa: E402
 
 LAYOUT = MoELayout.from_hf_config(GLM45)

@@ -6,7 +6,8 @@ asks the session engine pool for its configuration; the pool keeps one engine al
 import requests
 
 import pytest
-from conftest import active_fixes, decode_routed, generate, hf_greedy, hf_router_topk, log_text, preset
+from support.engines import active_fixes, decode_routed, generate, log_text, preset
+from support.hf import hf_greedy, hf_router_topk
 
 from rollout.cli.engine import parse_startup_timings
 from rollout.engines.process import alive_pids, rss

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from conftest import RemoteEngine
+from support.engines import RemoteEngine
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 
 

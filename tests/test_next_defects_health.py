@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from conftest import RemoteEngine
+from support.engines import RemoteEngine
 from rollout.engines.health import NO_ANSWER, HealthMonitor, http_probe
 
 pytestmark = pytest.mark.timeout(60)

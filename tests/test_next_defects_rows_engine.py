@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import preset
+from support.engines import preset
 from rollout.net import auth_headers
 from rollout.routed_experts import MoELayout, decode_compact
 

@@ -11,7 +11,7 @@ import inspect
 import pytest
 import yaml
 
-from sglang_patches.scenarios.runner import ROOT
+from support import ROOT
 
 
 def test_accepted_path_rows_not_reached(tmp_path, capsys):

@@ -52,7 +52,7 @@ def test_r3_check_url_of_a_running_nextn_engine(tmp_path):
     """--url: the manager attaches to an engine started elsewhere (here: routed experts + NEXTN, keyed)."""
     import os
 
-    from conftest import preset, start_engine, stop_engine
+    from support.engines import preset, start_engine, stop_engine
     from rollout.near_tie_model import build_near_tie_glm
 
     model = build_near_tie_glm(str(tmp_path / "near-tie"))

@@ -9,7 +9,7 @@ import pytest
 from rollout.dispatch import Dispatcher
 from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts
 from rollout.routed_experts.retraction import retraction_reason
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 from rollout.types import Sample, SampleStatus
 
 wv = pytest.importorskip("sglang.srt.utils.weight_versions")

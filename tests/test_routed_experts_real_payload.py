@@ -64,7 +64,7 @@ def _capture():  # needs the real engine: a few minutes on 2 cores
     import tempfile
 
     import requests
-    from conftest import preset, start_engine, stop_engine
+    from support.engines import preset, start_engine, stop_engine
 
     from rollout import tiny_model
     from rollout.net import auth_headers

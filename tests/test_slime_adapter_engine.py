@@ -10,7 +10,8 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from conftest import hf_router_topk, preset
+from support.engines import preset
+from support.hf import hf_router_topk
 from test_slime_adapter import StandInRouter
 
 from rollout.slime import RolloutFnTrainOutput, Sample
