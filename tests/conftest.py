@@ -8,12 +8,18 @@ them: a preset config's EngineSpec, the local backend, phased readiness.
 """
 import pytest
 
+from support import slime_standin
 from support.engines import ENGINE_BUDGET_S, EnginePool
 
 # pytest-timeout budgets (s). The default (pyproject: 300) covers tests without an engine; a test that
 # starts real engines may pay one engine start (ENGINE_BUDGET_S) on top of its own work.
 SLOW_TIMEOUT_S = int(ENGINE_BUDGET_S + 480)
 E2E_TIMEOUT_S = int(ENGINE_BUDGET_S + 900)
+
+
+def pytest_configure(config):
+    """Where slime is not importable, its STAND-IN takes slime's module names (tests/support/slime_standin.py)."""
+    slime_standin.install()
 
 
 def pytest_collection_modifyitems(config, items):

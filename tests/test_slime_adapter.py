@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 from loopback import start_app
+from support import slime_standin
 
 from rollout.slime import adapter as slime_adapter
 from rollout.routed_experts import MoELayout, encode_sglang
@@ -414,7 +415,7 @@ def test_custom_generate_refuses_held_rows_that_are_not_routing(router):
 
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():
-    if slime_adapter.SLIME_AVAILABLE:
+    if slime_standin.REAL:
         pytest.skip("slime importable: the eval path runs in tests/test_slime_real.py")
     with pytest.raises(RuntimeError, match=r"evaluation=True .* needs slime importable"):
         slime_adapter.generate_rollout(SimpleNamespace(), 0, None, evaluation=True)
