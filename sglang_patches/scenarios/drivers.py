@@ -69,7 +69,8 @@ class Api0515:
         from sglang.srt.server_args import ServerArgs
 
         defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
-        stack.enter_context(mock.patch.object(rc.get_context(), "_server_args", SimpleNamespace(**{**defaults, **vars(sa)})))
+        published = SimpleNamespace(**{**defaults, **vars(sa)})
+        stack.enter_context(mock.patch.object(rc.get_context(), "_server_args", published))
         stack.enter_context(rc.get_parallel().override(attn_dp_rank=0, attn_dp_size=dp_size, attn_tp_size=attn_tp,
                                                        tp_size=attn_tp * dp_size, attn_cp_size=1, attn_cp_rank=0))
         stack.enter_context(rc.get_flags().override(
