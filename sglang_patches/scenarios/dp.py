@@ -568,6 +568,57 @@ def accepted_path_rows_topk1():
     return _accepted_rows([0, 1, 2])  # top-k 1 (every supported config): the chain's prefix, already in front
 
 
+# ---------------------------------------------------------------- padding rows captured (sglang#36404)
+
+PAD_ROUTE = [7, 9]  # what the router makes of a padding token
+
+
+def _padding_rows(graph: bool) -> dict:
+    """DP rank 1 of 2, 3 real tokens padded to 8 by MLP sync: SGLang's capture site stores the padding rows'
+    routes, its host copy sends them to KV slot 0 (out_cache_loc is zero-padded), which the allocator never
+    hands out, so `get_topk` over a request's slots reads only real rows. Eager, or replaying a decode graph
+    of batch 8."""
+    import inspect
+
+    import torch
+    from sglang.srt.layers.moe import topk
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    padded_with_zeros = "self.out_cache_loc = self._pad_tensor_to_size(self.out_cache_loc, num_tokens)" \
+        in inspect.getsource(ForwardBatch)
+    slots = ForwardBatch._pad_tensor_to_size(None, torch.tensor([100, 101, 102]), 8)
+    fb = SimpleNamespace(global_num_tokens_cpu=[8, 8], out_cache_loc=slots, out_cache_loc_virtual=None)
+    real = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32)
+    gathered = torch.cat([torch.tensor([[10, 11]], dtype=torch.int32).expand(8, 2), real,
+                          torch.tensor(PAD_ROUTE, dtype=torch.int32).expand(5, 2)])  # rank 0's 8 rows, then ours
+    cap = _capturer(rows=16)
+    with ExitStack() as stack:
+        API.dp_context(stack, dp_rank=1, dp_size=2)
+        stack.enter_context(mock.patch.object(topk, "get_global_experts_capturer", lambda: cap))
+        topk._post_process_topk_ids(gathered.clone(), torch.ones(16, 2), topk.TopKConfig(top_k=2), router_logits=None,
+                                    layer_id=0, num_token_non_padded=torch.tensor(11))
+        cap.on_forward_end(fb, can_run_graph=graph, cuda_graph_batch=8 if graph else None)
+    captured = cap.device_cache.buffer[11:16, 0].tolist() == [PAD_ROUTE] * 5
+    slot0 = cap.host_cache.buffer[0, 0].tolist()
+    payload = cap.get_topk(0, 4, SimpleNamespace(req_to_token=torch.tensor([[100, 101, 102, 103]]))).reshape(3, 2)
+    alloc = TokenToKVPoolAllocator(size=16, dtype=torch.int64, device="cpu", kvcache=None, need_sort=False)
+    slot0_free = 0 not in alloc.alloc(16).tolist() and alloc.alloc(1) is None
+    ok = padded_with_zeros and captured and slot0 == PAD_ROUTE and payload.tolist() == real.tolist() and slot0_free
+    return {"ok": ok, "detail": f"out_cache_loc zero-padded {padded_with_zeros}; padding routes captured {captured}; "
+                                f"slot 0 holds {slot0}; payload {payload.tolist()}; slot 0 never allocated {slot0_free}"}
+
+
+@scenario("padding-rows-capture", "reach")
+def padding_rows_eager():
+    return _padding_rows(graph=False)
+
+
+@scenario("padding-rows-capture", "reach")
+def padding_rows_decode_graph():
+    return _padding_rows(graph=True)
+
+
 # ---------------------------------------------------------------- what each variant must show
 
 NONE_MUL = "unsupported operand type(s) for *: 'int' and 'NoneType'"
