@@ -62,41 +62,23 @@ def _recorded_keys_hold():
 _recorded_keys_hold()
 
 
-class FakeSGLang:
-    """FAKE SGLang server. `routes`: {path: async handler(request)} replacing or adding routes."""
+class Loopback:
+    """An aiohttp app of `routes` ({path: async handler(request)}; POST for /generate and /abort_request, GET
+    otherwise) on a free loopback port: in a thread of its own (`start()`) or the caller's loop (`await serve()`)."""
 
-    def __init__(self, routes=None, *, host="127.0.0.1", port=0, server_info=None, shutdown_timeout=0.1,
-                 handler_cancellation=True):
-        self.host, self.port = host, port
-        self.server_info = server_info or fact("abort")["server_info"]
-        self.routes = {"/model_info": self.model_info, "/ready": self.ok, "/server_info": self.server_info_route,
-                       "/health_generate": self.ok, "/abort_request": self.ok, "/generate": self.generate,
-                       **(routes or {})}
+    def __init__(self, routes, *, host="127.0.0.1", port=0, shutdown_timeout=0.1, handler_cancellation=True):
+        self.routes, self.host, self.port = dict(routes), host, port
         self._kw = dict(shutdown_timeout=shutdown_timeout, handler_cancellation=handler_cancellation)
         self.runner = self.loop = self.thread = None
 
     url = property(lambda self: f"http://{self.host}:{self.port}")
 
-    # recorded answers
-    async def model_info(self, request):
-        return web.json_response({"weight_version": "default"})
-
-    async def server_info_route(self, request):
-        return web.json_response(self.server_info)
-
-    async def ok(self, request):
-        return web.Response(status=200)
-
-    async def generate(self, request):
-        body = await request.json()
-        n = body.get("sampling_params", {}).get("max_new_tokens", 1)
-        return web.json_response(answer([7] * n, {"type": "length", "length": n}))
-
-    # serving
     def _app(self):
         app = web.Application()
         for path in self.routes:
-            handler = (lambda path: lambda request: self.routes[path](request))(path)  # looked up per request
+            async def handler(request, path=path):  # looked up per request
+                return await self.routes[path](request)
+
             (app.router.add_post if path in POST else app.router.add_get)(path, handler)
         return app
 
@@ -136,3 +118,27 @@ class FakeSGLang:
         self.drop()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class FakeSGLang(Loopback):
+    """FAKE SGLang server: the recorded answers, `routes` replacing or adding routes."""
+
+    def __init__(self, routes=None, *, server_info=None, **kw):
+        self.server_info = server_info or fact("abort")["server_info"]
+        super().__init__({"/model_info": self.model_info, "/ready": self.ok, "/server_info": self.server_info_route,
+                          "/health_generate": self.ok, "/abort_request": self.ok, "/generate": self.generate,
+                          **(routes or {})}, **kw)
+
+    async def model_info(self, request):
+        return web.json_response({"weight_version": "default"})
+
+    async def server_info_route(self, request):
+        return web.json_response(self.server_info)
+
+    async def ok(self, request):
+        return web.Response(status=200)
+
+    async def generate(self, request):
+        body = await request.json()
+        n = body.get("sampling_params", {}).get("max_new_tokens", 1)
+        return web.json_response(answer([7] * n, {"type": "length", "length": n}))
