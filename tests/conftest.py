@@ -35,14 +35,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     return build_tiny_glm(variant="random")
 
 
 @pytest.fixture(scope="session")
 def tiny_match_model():
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     return build_tiny_glm(variant="always-match")
 

@@ -62,7 +62,7 @@ def _shape(body: dict) -> dict:
 def record_abort() -> dict:
     from support.engines import preset
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     eng = _engine(preset("a", build_tiny_glm(), max_running_requests=1), "abort")
     try:
@@ -94,7 +94,7 @@ def record_abort() -> dict:
 def record_dp(kind: str) -> dict:
     from support.engines import preset
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     if kind == "dp-attn":   # the schema's way: DP attention inside tp
         shape = dict(tp=2, dp=2, gpus_per_engine=2, enable_dp_attention=True, args={"attention_backend": "intel_amx"})

@@ -381,7 +381,7 @@ def wrong_rows(model, ids, out) -> list:
     from support.engines import decode_routed
     from support.hf import hf_router_topk
 
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
 
     seq = list(ids) + out["output_ids"][:-1]  # SGLang reports P+O-1 rows
     routed = decode_routed(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)

@@ -12,7 +12,7 @@ from support.hf import hf_greedy, hf_router_topk
 from rollout.cli.engine import parse_startup_timings
 from rollout.engines.process import alive_pids, rss
 from rollout.net import auth_headers
-from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
+from rollout.models.tiny import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow
 

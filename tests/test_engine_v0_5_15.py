@@ -150,7 +150,7 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
     from support.hf import hf_router_topk
     from test_engine_single import prompts
 
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
 
     ids = prompts(tiny_model)
     got = engine_a_on("0.5.15.post1", tiny_model, ids, disable="capture-snapshot")

@@ -53,7 +53,7 @@ def test_r3_check_url_of_a_running_nextn_engine(tmp_path):
     import os
 
     from support.engines import preset, start_engine, stop_engine
-    from rollout.near_tie_model import build_near_tie_glm
+    from rollout.models.near_tie import build_near_tie_glm
 
     model = build_near_tie_glm(str(tmp_path / "near-tie"))
     eng = start_engine(preset("b", model), str(tmp_path / "logs"))

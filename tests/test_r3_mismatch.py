@@ -23,7 +23,7 @@ FACTS = ROOT / "tests" / "facts" / "r3-near-tie-sglang-0.5.23.json"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from rollout.near_tie_model import build_near_tie_glm, config_hash
+    from rollout.models.near_tie import build_near_tie_glm, config_hash
 
     facts = json.loads(FACTS.read_text())
     seed = facts["meta"]["build"]["seed"]

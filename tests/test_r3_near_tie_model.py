@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from rollout.near_tie_model import NUM_LAYERS, build_near_tie_glm, config_hash
+from rollout.models.near_tie import NUM_LAYERS, build_near_tie_glm, config_hash
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def _flip_share(model, seed=0) -> float:
     half a bf16 step either way (the rounding difference between engines), over 632 tokens."""
     import torch
 
-    from rollout.near_tie_model import BASE, TOP_K
+    from rollout.models.near_tie import BASE, TOP_K
     from rollout.r3.replay import moe_gates
 
     cap, gates = {}, moe_gates(model)
@@ -108,7 +108,7 @@ def test_routers_sit_near_ties(model):
 
     import torch
 
-    from rollout.near_tie_model import BASE
+    from rollout.models.near_tie import BASE
     from rollout.r3.replay import moe_gates
 
     share = _flip_share(model)

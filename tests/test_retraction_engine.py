@@ -27,7 +27,7 @@ from support.engines import decode_routed, preset
 
 from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
-from rollout.tiny_model import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
+from rollout.models.tiny import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -19,7 +19,7 @@ from rollout.routed_experts import (MoELayout, decode_int32, encode_sglang, engi
 from sglang_patches.features.routed_experts_wire import LAYOUT_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-LAY = MoELayout.from_first_k_dense(3, 1, 16, 4)   # rollout/tiny_model.py
+LAY = MoELayout.from_first_k_dense(3, 1, 16, 4)   # rollout/models/tiny.py
 PROMPTS = [[11 + (7 * j) % 200 for j in range(12)], [5 + (13 * j) % 190 for j in range(20)]]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -106,7 +106,7 @@ def wait_all(engines, specs, budget) -> dict:
 def prompts(n: int, seed: int = 0) -> list:
     import random
 
-    from rollout.tiny_model import SPECIALS, VOCAB
+    from rollout.models.tiny import SPECIALS, VOCAB
 
     rng = random.Random(seed)
     regular = list(range(len(SPECIALS), VOCAB))
@@ -117,7 +117,7 @@ def ask(eng, ids, n):
     import requests
 
     from rollout.routed_experts.codec import decode_int32
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
 
     body = {"input_ids": list(ids), "return_routed_experts": eng.spec.group.routed_experts,
             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=8, help="requests of the routed-experts checks")
     args = ap.parse_args(argv)
     budget = judges.Budget(args.budget)
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     t0 = time.time()
     model = build_tiny_glm(os.path.join(args.work, "tiny-glm45"), variant="random")
