@@ -75,6 +75,8 @@ def run_states(states, *, module="sglang_patches.scenarios.dp", python=None, ext
         env.pop("SGLANG_PLUGINS", None)
         env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
         env.update((extra_env or {}).get(state, {}))
+        # this package's root after the caller's path: the scenario module is this checkout's, whatever is installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
         procs[state] = subprocess.Popen(
             [str(python or sys.executable), "-m", module, state], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
