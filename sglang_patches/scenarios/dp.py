@@ -372,12 +372,18 @@ def _gather_lists(stack, a2a):
 
 @scenario("dp-buffer-sizing", "reach")
 def dp_buffer_glm_a2a_none_full_lists():
-    # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank.
+    # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank, and the
+    # MoE layers run FULL (what the deepep scenario's layer-mode check must tell apart).
     with ExitStack() as stack:
-        _, (mlp, attn) = _gather_lists(stack, None)
+        sa, (mlp, attn) = _gather_lists(stack, None)
+        modes = {"FULL"}
+        if API.layer_context is not None:
+            API.layer_context(stack, sa, a2a=None, dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"])
+            modes = _layer_modes(stack)[0]
     rows = _local_slice([16, 16, 16, 16], 3, None)
-    return {"ok": mlp and rows == list(range(48, 64)),
-            "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; rank 3 rows {rows[:2]}.."}
+    return {"ok": mlp and "FULL" in modes and rows == list(range(48, 64)),
+            "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; layer modes {sorted(modes)}; "
+                      f"rank 3 rows {rows[:2]}.."}
 
 
 @scenario("dp-buffer-sizing", "reach")
