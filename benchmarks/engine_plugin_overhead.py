@@ -22,7 +22,7 @@ from _targets import finish, judge  # noqa: E402
 
 from rollout import config as rconfig  # noqa: E402
 from rollout.net import auth_headers, free_port  # noqa: E402
-from rollout.tiny_model import build_tiny_glm  # noqa: E402
+from rollout.models.tiny import build_tiny_glm  # noqa: E402
 
 PROMPTS = [
     "the quick brown fox", "a mixture of experts", "data parallel attention", "rollout routing replay",

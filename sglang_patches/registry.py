@@ -22,8 +22,8 @@ Adding a variant (e.g. SGLang 0.5.24):
      table's hooks, and prints a draft verdict per fix.
   2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose pins match; re-pin moved targets after
      reading their new source (a new hook in the fix module only where the code moved).
-  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in tests/dp_scenarios_drivers.py
-     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (tests/dp_scenarios.py);
+  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in sglang_patches/scenarios/drivers.py
+     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (sglang_patches/scenarios/dp.py);
      the version in MATRIX_ENVS (Makefile).
   4. `sglang_patches/diffs/0.5.24/NNNN-<fix>.patch`, one per hooked fix.
   `make test` checks the rest (tests/test_patch_registry.py, test_version_matrix.py, test_diffs.py):

@@ -5,7 +5,8 @@ DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, NEXTN (2
 Every DP rank is pinned in turn (`routed_dp_rank`) and compared with transformers.
 """
 import pytest
-from conftest import active_fixes, generate, hf_greedy, preset
+from support.engines import active_fixes, generate, preset
+from support.hf import hf_greedy
 from test_engine_single import check_routed, prompts
 
 from rollout.net import auth_headers

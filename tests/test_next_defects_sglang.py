@@ -1,9 +1,9 @@
 """sglang#37949 is not reached, and sglang#38717 against routed-experts-rows.
 
-- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`dp_scenarios.py`:
+- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`sglang_patches/scenarios/dp.py`:
   `accepted_path_rows_topk2`, latent in tests/test_version_matrix.py); no supported configuration drafts
   top-k > 1 with routed experts, config check refuses it with one line, and inside the engine the plugin
-  refuses the capturer with one log line (`tree_capture_scenarios.py`, on every release with an environment).
+  refuses the capturer with one log line (`sglang_patches/scenarios/tree_capture.py`, on every release with an environment).
 - sglang#38717 (open) sizes the capture buffer by request capacity x verify width; routed-experts-rows
   covers that and the prefill-graph and unchunked cases #38717 leaves out: keep it after #38717 merges.
 """
@@ -12,8 +12,9 @@ import inspect
 import pytest
 import yaml
 
-from scenario_runner import ROOT, env_python, run_states
 from sglang_patches.registry import VARIANTS
+from sglang_patches.scenarios.runner import env_python, run_states
+from support import ROOT
 
 
 def test_accepted_path_rows_not_reached(tmp_path, capsys):
@@ -55,7 +56,7 @@ def test_engine_refuses_tree_capture(variant):
     python = None if variant == "0.5.23" else env_python(variant)
     if python is not None and not python.exists():
         pytest.skip(f"no environment for SGLang {variant} (scripts/setup_sglang_env.sh {variant})")
-    res = run_states(["both"], script="tree_capture_scenarios.py", python=python)
+    res = run_states(["both"], module="sglang_patches.scenarios.tree_capture", python=python)
     stock, plugin = res["none"]["tree_capture_topk2"], res["plugin"]["tree_capture_topk2"]
     assert not stock["ok"] and "EAGLE top-k 2: built a capturer" in stock["detail"], stock
     assert plugin["ok"] and plugin["detail"].startswith(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rollout.routed_experts import MoELayout, decode_compact, engine_offers, opt_in, sample_routed_experts, wire_layout
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 from sglang_patches.features import routed_experts_wire as w
 
 GLM = MoELayout.from_first_k_dense(92, 3, 160, 8)

@@ -4,9 +4,9 @@ import json
 import os
 
 import pytest
-from conftest import hf_greedy, hf_model, hf_router_topk
+from support.hf import hf_greedy, hf_model, hf_router_topk
 
-from rollout.tiny_model import NUM_LAYERS, build_info, build_tiny_glm, expected_experts
+from rollout.models.tiny import NUM_LAYERS, build_info, build_tiny_glm, expected_experts
 
 
 def _digest(path):

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def add_parser(sub) -> None:
     from rollout.cli import port
     from rollout.config import PRESETS
-    from rollout.tiny_model import VARIANTS
+    from rollout.models.tiny import VARIANTS
 
     p = sub.add_parser("engine", help="real SGLang on CPU: tiny model, launch, start-up report")
     esub = p.add_subparsers(dest="engine_command", required=True, parser_class=type(p))
@@ -63,7 +63,7 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
     picks a tiny-model variant other than the config's (random) one, in its own default folder."""
     from rollout import models
     from rollout.config import resolve_model
-    from rollout.tiny_model import build_tiny_glm, default_path
+    from rollout.models.tiny import build_tiny_glm, default_path
 
     if variant not in (None, "random") and cfg.model.build == "tiny-glm45":
         return build_tiny_glm(default_path(variant), variant=variant, seed=cfg.model.seed)
@@ -71,7 +71,7 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
 
 
 def _build(args) -> int:
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     print(build_tiny_glm(args.path, variant=args.variant, seed=args.seed))
     return 0

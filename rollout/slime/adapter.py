@@ -28,7 +28,6 @@ public calls are used: `new_group`, `rollout`, `carried`, `relist`, `generate`, 
 from __future__ import annotations
 
 import importlib
-import inspect
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any, Iterator, Optional
 
 from rollout.routed_experts import decode_compact, slime_compact, to_slime_shape
 from rollout.slime import attach
-from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
+from rollout.slime.types import RolloutFnTrainOutput, Sample
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
@@ -168,12 +167,7 @@ async def _hooks(args, sample):
 
 
 async def _call_rm(args, name: str, value):
-    if SLIME_AVAILABLE:
-        return await _slime(name, "reward")(args, value)
-    if not getattr(args, "custom_rm_path", None):   # slime's built-in rms need slime
-        return None if name == "async_rm" else [None] * len(value)
-    out = _load(args.custom_rm_path)(args, value)
-    return await out if inspect.isawaitable(out) else out
+    return await _slime(name, "reward")(args, value)
 
 
 async def _finish_group(args, group: list) -> list:

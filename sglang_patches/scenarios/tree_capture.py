@@ -1,15 +1,15 @@
 """accepted-path-rows in the engine: SGLang's own `RoutedExpertsCapturer.__init__` under a speculative setting,
 stock and with the plugin (routed-experts-rows' hook calls `accepted_path_rows.refuse_tree_capture`).
 
-Run as `python tree_capture_scenarios.py STATE` (scenario_runner); the release's driver sets up the context.
+Run as `python -m sglang_patches.scenarios.tree_capture STATE` (runner); the release's driver sets up the context.
 """
 import logging
 import sys
 from contextlib import ExitStack
 from types import SimpleNamespace
 
-from dp_scenarios_drivers import pick
-from scenario_runner import main
+from sglang_patches.scenarios.drivers import pick
+from sglang_patches.scenarios.runner import main
 
 REFUSED = "routed-expert capture refused"
 
