@@ -48,7 +48,8 @@ async def _update_when(mgr, sink, after_groups: int, model: str) -> str:
     for eng in list(mgr.engines.values()):
         h = auth_headers(eng.api_key)
         async with aiohttp.ClientSession() as s:
-            for method, path, body in (("post", "/pause_generation", {"mode": "retract"}), ("get", "/flush_cache", None),
+            for method, path, body in (("post", "/pause_generation", {"mode": "retract"}),
+                                       ("get", "/flush_cache", None),
                                        ("post", "/update_weights_from_disk", {"model_path": model}),
                                        ("post", "/update_weight_version", {"new_version": "v2",
                                                                           "abort_all_requests": False}),

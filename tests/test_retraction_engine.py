@@ -216,7 +216,8 @@ if __name__ == "__main__":   # the child of the test above, in the variant's env
 
     from conftest import start_engine, stop_engine
 
-    eng = start_engine(preset("a", sys.argv[1], env={DISABLE_ENV: RETRACTION_FIX}), tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
+    spec = preset("a", sys.argv[1], env={DISABLE_ENV: RETRACTION_FIX})
+    eng = start_engine(spec, tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
     try:
         threads, seen, last = _stream(eng)
         at_pause = _pause_after(eng, seen)

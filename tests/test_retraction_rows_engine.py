@@ -92,21 +92,29 @@ def reference(engine_pool, models):
     return ref
 
 
+def agree(o, r):
+    """End of the positions whose rows are comparable: up to the first output token that differs from the reference (a
+    re-prefill's numerics can flip a later greedy token; rows after it describe other tokens)."""
+    a, b = o["output_ids"], r["output_ids"]
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return o["meta_info"]["prompt_tokens"] + min(j, len(a) - 1)  # row p reads the tokens at positions [0, p]
+
+
 def _kv_pressure(out, ref):
-    """Per run: retracted requests, their differing output token-layers, the rest's, tokens checked equal."""
-    got = {"retracted": 0, "output_token_layers": 0, "differ": 0, "unretracted_token_layers": 0,
-           "unretracted_differ": 0}
+    """Per run: retracted requests, their differing output token-layers (comparable positions), the rest's."""
+    got = {"retracted": 0, "token_diverged": 0, "output_token_layers": 0, "differ": 0,
+           "unretracted_token_layers": 0, "unretracted_differ": 0}
     for o, r in zip(out, ref, strict=True):
-        assert o["output_ids"] == r["output_ids"], "tokens differ from the reference: rows not comparable"
-        lo = o["meta_info"]["prompt_tokens"]
-        n = 4 * (rows(o).shape[0] - lo)
+        lo, hi = o["meta_info"]["prompt_tokens"], agree(o, r)
+        n = 4 * max(0, hi - lo)
         if o["meta_info"]["num_retractions"]:
             got["retracted"] += 1
+            got["token_diverged"] += o["output_ids"] != r["output_ids"]
             got["output_token_layers"] += n
-            got["differ"] += differ(o, r, lo)
+            got["differ"] += differ(o, r, lo, hi)
         else:
             got["unretracted_token_layers"] += n
-            got["unretracted_differ"] += differ(o, r, lo)
+            got["unretracted_differ"] += differ(o, r, lo, hi)
     return got
 
 
@@ -155,12 +163,18 @@ def stream_and_pause(eng, rule, between):
     return at_pause, last
 
 
-def _pause_rows(eng, ref, between):
-    got = {}
-    outs = {}
+def _pause_rows(eng, ref, between, after=lambda: None):
+    """Each rule in turn: stream, pause, `between`, continue; `after` restores the engine. The rows of the
+    positions computed before the pause are compared with the unretracted reference's."""
+    got, outs = {}, {}
     for name, rule in RULES.items():
-        at_pause, out = stream_and_pause(eng, rule, between)
+        try:
+            at_pause, out = stream_and_pause(eng, rule, between)
+        finally:
+            after()
         outs[name] = (at_pause, out)
+        for o, r, k in zip(out, ref, at_pause):
+            assert o["output_ids"][:k] == r["output_ids"][:k], "tokens before the pause differ from the reference"
         computed = [o["meta_info"]["prompt_tokens"] + k - 1 for o, k in zip(out, at_pause)]
         got[name] = {"at_pause": at_pause, "token_layers": 4 * sum(computed),
                      "differ": [differ(o, r, 0, c) for o, r, c in zip(out, ref, computed)]}
@@ -170,10 +184,8 @@ def _pause_rows(eng, ref, between):
 def test_b_pause_retract_same_weights(engine_pool, models, reference):
     eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
     ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
-    got, outs = _pause_rows(eng, ref, lambda: _post(eng, "/continue_generation", {}))
+    got, _ = _pause_rows(eng, ref, lambda: _post(eng, "/continue_generation", {}))
     print("pause retract, same weights:", json.dumps(got))
-    for name in RULES:
-        assert [o["output_ids"] for o in outs[name][1]] == [r["output_ids"] for r in ref]
     assert sum(got["fix"]["differ"]) == 0, got
 
 
@@ -182,11 +194,12 @@ def test_b_pause_retract_weight_update(engine_pool, models, reference):
     of the positions computed before the pause: the old weights' routes with the fix, the new ones' without."""
     eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
     ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
-    try:
-        got, outs = _pause_rows(eng, ref, lambda: _miles_update(eng, models[1], "seed1"))
-    finally:
+
+    def restore():
         _post(eng, "/continue_generation", {})
         _post(eng, "/update_weights_from_disk", {"model_path": models[0], "weight_version": "default"})
+
+    got, outs = _pause_rows(eng, ref, lambda: _miles_update(eng, models[1], "seed1"), restore)
     print("pause retract, weight update:", json.dumps(got))
     assert sum(got["stock"]["differ"]) > 0 and sum(got["fix"]["differ"]) == 0, got
     replay = _replay_rules(models[1], outs)
