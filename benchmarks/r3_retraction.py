@@ -28,15 +28,6 @@ CONFIG = os.path.join(ROOT, "training_configs", "near-tie-cpu.yaml")
 BENCH = "r3_retraction"
 
 
-class _Sink:
-    def __init__(self):
-        self.groups = []
-
-    async def put(self, group) -> bool:
-        self.groups.append(group)
-        return True
-
-
 async def _update_when(mgr, sink, after_groups: int, model: str) -> str:
     """Miles' update sequence on every engine once `after_groups` groups are in; returns the new version."""
     import aiohttp
@@ -61,6 +52,8 @@ async def _update_when(mgr, sink, after_groups: int, model: str) -> str:
 
 
 async def _rollout(mgr, prompts, model, after_groups):
+    from rollout.r3.check import _Sink
+
     sink = _Sink()
     await mgr.start()
     try:

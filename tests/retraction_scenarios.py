@@ -28,11 +28,8 @@ def scenario(fn):
     return fn
 
 
-class DuckReq:
+class DuckReq(SimpleNamespace):
     """The fields of a Req that retraction and collection read; every other field unset (None)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -154,16 +151,22 @@ def _first_life(e):
     e.decode(2, 2, 14)
 
 
+def _retracted(e, decode_after=1):
+    """The first life, a retraction, the re-prefill into slots 30..36 (forward 5), then `decode_after` decode
+    steps from slot 37 (forward 6)."""
+    _first_life(e)
+    e.retract()
+    e.reprefill(5, 30)
+    e.decode(6, decode_after, 37)
+
+
 @scenario
 def retraction_rows_kept():
     # Retracted after 3 output tokens (rows of positions 0..5 sampled in slots 10..15), re-prefilled into
     # slots 30..36 (forward 5), 1 more decode step (slot 37): positions 0..5 must keep their first rows.
     with ExitStack() as stack:
         e = Engine(stack)
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
-        e.decode(6, 1, 37)
+        _retracted(e)
         return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637])
 
 
@@ -172,10 +175,7 @@ def retraction_rows_start_len():
     # routed_experts_start_len 2: rows from position 2 on, the kept ones included.
     with ExitStack() as stack:
         e = Engine(stack, start_len=2)
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
-        e.decode(6, 1, 37)
+        _retracted(e)
         return _expect(e.finish(), [112, 113, 214, 215, 536, 637])
 
 
@@ -185,10 +185,7 @@ def retraction_rows_twice():
     # 0..5, the rows sampled between the retractions (positions 6, 7) follow, then the second re-prefill's.
     with ExitStack() as stack:
         e = Engine(stack)
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
-        e.decode(6, 1, 37)
+        _retracted(e)
         e.retract()
         e.reprefill(8, 50)
         return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637, 858])
@@ -199,9 +196,7 @@ def retraction_rows_finish_in_reprefill():
     # The request finishes in its re-prefill (its last token is sampled there).
     with ExitStack() as stack:
         e = Engine(stack)
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
+        _retracted(e, decode_after=0)
         return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536])
 
 
@@ -212,10 +207,7 @@ def retraction_rows_compact_wire():
 
     with ExitStack() as stack:
         e = Engine(stack, custom_params={OPT_IN_KEY: OPT_IN_VALUE})
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
-        e.decode(6, 1, 37)
+        _retracted(e)
         got = _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637])
         return {"ok": got["ok"] and e.compact, "detail": f"{got['detail']} (compact payload: {e.compact})"}
 
@@ -239,10 +231,7 @@ def retraction_rows_recomputed_opt_out():
 
     with ExitStack() as stack:
         e = Engine(stack, custom_params={RULE_KEY: RECOMPUTED})
-        _first_life(e)
-        e.retract()
-        e.reprefill(5, 30)
-        e.decode(6, 1, 37)
+        _retracted(e)
         return _expect(e.finish(), [530, 531, 532, 533, 534, 535, 536, 637])
 
 
