@@ -212,7 +212,20 @@ def retraction_rows_compact_wire():
         return {"ok": got["ok"] and e.compact, "detail": f"{got['detail']} (compact payload: {e.compact})"}
 
 
-GUARDS = ("retraction_rows_never_retracted", "retraction_rows_recomputed_opt_out")
+@scenario
+def retraction_rows_mid_prefill():
+    # Retracted in the middle of a chunked prefill (positions 0, 1 of 4 computed, nothing sampled): the
+    # re-prefill's rows, with or without the plugin (positions 2, 3 had no rows to keep).
+    with ExitStack() as stack:
+        e = Engine(stack)
+        e.forward(1, 0, 2, 10, sample=0)
+        e.retract()
+        e.reprefill(5, 30)
+        e.decode(6, 1, 34)
+        return _expect(e.finish(), [530, 531, 532, 533, 634])
+
+
+GUARDS = ("retraction_rows_never_retracted", "retraction_rows_recomputed_opt_out", "retraction_rows_mid_prefill")
 
 
 @scenario

@@ -11,7 +11,8 @@ Fix (three surgical wrappers):
   `pause_generation(mode="retract")`, priority preemption): before SGLang frees the slots, the rows of the
   positions already computed, ``[start_len, seqlen - 1)`` as `get_topk` reads them at finish, are copied
   onto the request (`KEPT`, bounded by its length). A later retraction keeps the earlier rows for their
-  positions and adds the buffer's rows after them.
+  positions and adds the buffer's rows after them. A request that has sampled nothing yet (a chunked prefill
+  retracted mid-prompt, whose later positions have no rows) keeps nothing.
 - AROUND `_maybe_collect_routed_experts`: after SGLang's own collection, the kept rows replace the
   re-prefill's rows for their positions; rows after come from the buffer (sampling-time too: the
   re-prefill's last row and every decode/verify row after it produced the tokens that followed).
@@ -75,8 +76,8 @@ def _rule(custom_params) -> str:
 def _keep_rows(req, req_pool_idx, req_to_token_pool):
     from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
 
-    if not getattr(req, "return_routed_experts", False) or req_pool_idx is None:
-        return
+    if not getattr(req, "return_routed_experts", False) or req_pool_idx is None or not req.output_ids:
+        return  # no token sampled yet (a chunked prefill retracted mid-prompt): nothing to keep
     if _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
         return
     capturer = get_global_experts_capturer()
