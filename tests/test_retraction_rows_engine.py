@@ -118,20 +118,6 @@ def _kv_pressure(out, ref):
     return got
 
 
-def test_a_kv_pressure_retraction(engine_pool, models, reference):
-    eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}))
-    got = {}
-    for name, rule in RULES.items():
-        out = batch(eng, rule)
-        assert all(o["meta_info"].get(META_KEY) == rule for o in out)
-        got[name] = _kv_pressure(out, reference)
-    print("KV pressure:", json.dumps(got))
-    assert got["stock"]["retracted"] and got["fix"]["retracted"], got
-    assert got["stock"]["differ"] > 0, got             # the re-prefill's routes replace the sampled ones
-    assert got["fix"]["differ"] < got["stock"]["differ"], got
-    assert got["stock"]["unretracted_differ"] == got["fix"]["unretracted_differ"] == 0, got
-
-
 def stream_and_pause(eng, rule, between):
     """Stream STREAMED requests, pause (retract) once each has BEFORE tokens, run `between`, continue."""
     import threading
@@ -205,6 +191,20 @@ def test_b_pause_retract_weight_update(engine_pool, models, reference):
     replay = _replay_rules(models[1], outs)
     print("replay after a weight update (trainer: new weights):", json.dumps(replay))
     Path(os.environ.get("RETRACTION_REPLAY_JSON", os.devnull)).write_text(json.dumps({"rows": got, "replay": replay}))
+
+
+def test_a_kv_pressure_retraction(engine_pool, models, reference):
+    eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}))
+    got = {}
+    for name, rule in RULES.items():
+        out = batch(eng, rule)
+        assert all(o["meta_info"].get(META_KEY) == rule for o in out)
+        got[name] = _kv_pressure(out, reference)
+    print("KV pressure:", json.dumps(got))
+    assert got["stock"]["retracted"] and got["fix"]["retracted"], got
+    assert got["stock"]["differ"] > 0, got             # the re-prefill's routes replace the sampled ones
+    assert got["fix"]["differ"] < got["stock"]["differ"], got
+    assert got["stock"]["unretracted_differ"] == got["fix"]["unretracted_differ"] == 0, got
 
 
 def _replay_rules(trainer_path, outs):
