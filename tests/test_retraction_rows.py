@@ -70,3 +70,23 @@ def test_splice_and_keep_bounds():
     assert splice(rows(97), 7, kept).flatten().tolist() == [97]            # nothing to replace
     with pytest.raises(ValueError, match="leave a gap"):
         keep(kept, 9, rows(1))
+
+
+def test_meta_info_states_the_rule():
+    """The tokenizer-manager hook: answers carrying routed experts name the rule of the request (its custom_params);
+    others pass unchanged. (On a real engine: tests/test_retraction_rows_engine.py reads the key from /generate.)"""
+    import asyncio
+    from types import SimpleNamespace
+
+    from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, RULE_KEY, SAMPLING_TIME, state_rule
+
+    async def answers():
+        yield {"meta_info": {"routed_experts": None}}
+        yield {"meta_info": {"routed_experts": "AAAA"}}
+
+    async def collect(custom_params):
+        obj = SimpleNamespace(sampling_params={"custom_params": custom_params})
+        return [out["meta_info"].get(META_KEY) async for out in state_rule(answers(), None, obj)]
+
+    assert asyncio.run(collect(None)) == [None, SAMPLING_TIME]
+    assert asyncio.run(collect({RULE_KEY: RECOMPUTED})) == [None, RECOMPUTED]
