@@ -4,7 +4,7 @@ greedy, the plugin on). e2e: two engines, run under `flock /tmp/engine.lock`.
 "Without the fix" is the same engine answering requests that ask for SGLang's own rows (custom_params
 ``RULE_KEY = RECOMPUTED``: the fix's hooks leave them alone); "with the fix" is the default rule. Each retracted
 request's rows are compared with a reference run of the same prompts that nobody retracts (the rows captured
-when those tokens were sampled; same tokens, checked):
+when those tokens were sampled), up to the first output token that differs from the reference:
 
 (a) KV pressure: a 224-token pool and 16 concurrent requests with ``min_new_tokens`` (``ignore_eos`` would make
     SGLang reserve each request's whole budget at admission and never retract).
