@@ -145,7 +145,7 @@ def replay(data, compact_args=None):
 
 VERSUS_HF = """
 import json, sys
-from conftest import hf_router_topk
+from support.hf import hf_router_topk
 blob = json.load(open(sys.argv[2]))
 bad, rows = [], 0
 for tokens, re in zip(blob["tokens"], blob["experts"]):

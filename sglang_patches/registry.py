@@ -52,6 +52,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.capture_snapshot",
     "sglang_patches.fixes.draft_token_count",
     "sglang_patches.fixes.accepted_path_rows",
+    "sglang_patches.fixes.retraction_rows",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
     "sglang_patches.features.routed_experts_wire",
@@ -130,7 +131,7 @@ def table(name: str) -> dict:
 @dataclass(frozen=True)
 class Fix:
     name: str
-    family: str  # "dp-attention", "cpu" or "feature" (opt-in behaviour, not a fix)
+    family: str  # "dp-attention", "r3" (routed-expert rows outside DP), "cpu" or "feature" (opt-in, not a fix)
     defect: str  # two sentences (a feature: what it does)
     reference: str  # upstream thread, or where the defect was found
     test: str  # regression (or guard) test node id

@@ -13,6 +13,8 @@ engine is paused with `pause_generation(mode="retract")` only once every request
   recomputed by the re-prefill with the NEW weights, while those tokens and their logprobs came from
   the OLD ones (the defect, on stock SGLang). SGLang's own `meta_info` shows it (`num_retractions`,
   `weight_versions` spans) and `retraction_reason` refuses the sample (the dispatcher marks it failed).
+  These engines run with the plugin's `retraction-rows` fix disabled (SGLang's own rows); with it on, the
+  rows of the tokens generated before the update are the old router's and the sample is kept.
 """
 import json
 import os
@@ -28,6 +30,10 @@ from support.engines import decode_routed, preset
 from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
 from rollout.models.tiny import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
+from sglang_patches.fixes.retraction_rows import FIX, META_KEY, SAMPLING_TIME
+from sglang_patches.registry import DISABLE_ENV
+
+RETRACTION_FIX = FIX.name
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -37,7 +43,8 @@ PROMPTS = [[10 + (i * 37 + j * 11) % 180 for j in range(12)] for i in range(2)]
 
 
 def _engine(engine_pool, tiny_model):
-    return engine_pool.get("retract", preset("a", tiny_model))
+    """An engine without the plugin's retraction-rows fix (SGLang's own rows: what this file pins)."""
+    return engine_pool.get("retract", preset("a", tiny_model, env={DISABLE_ENV: RETRACTION_FIX}))
 
 
 def _stream(eng):
@@ -145,6 +152,30 @@ def test_retraction_across_weight_update_refused(engine_pool, tiny_model):
         _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
 
 
+def test_retraction_across_weight_update_kept_with_the_fix(engine_pool, tiny_model):
+    """The same sequence on an engine with the plugin's retraction-rows fix: rows of the positions computed before
+    the pause are the OLD router's (the routes those tokens were sampled with), the rest the new one's; meta_info
+    states the rule and the dispatcher's check keeps the sample."""
+    other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
+    eng = engine_pool.get("retract-fix", preset("a", tiny_model))
+    threads, seen, last = _stream(eng)
+    _pause_after(eng, seen)
+    try:
+        assert _miles_update(eng, other, "seed1") == 200
+        out = _finish(threads, last)
+        for ids, body in zip(PROMPTS, out):
+            meta = body["meta_info"]
+            k = meta["weight_versions"][1]["start"]
+            boundary = len(ids) + k - 1
+            old, new = _rows_matching(ids, body, 0), _rows_matching(ids, body, 1)
+            assert meta["num_retractions"] >= 1 and meta[META_KEY] == SAMPLING_TIME
+            assert all(old[:boundary]) and all(new[boundary:]), (boundary, old, new)
+            assert retraction_reason(meta) is None
+    finally:
+        _post(eng, "/continue_generation", {})
+        _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant", ["0.5.15.post1"])
@@ -185,7 +216,8 @@ if __name__ == "__main__":   # the child of the test above, in the variant's env
 
     from support.engines import start_engine, stop_engine
 
-    eng = start_engine(preset("a", sys.argv[1]), tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
+    spec = preset("a", sys.argv[1], env={DISABLE_ENV: RETRACTION_FIX})
+    eng = start_engine(spec, tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
     try:
         threads, seen, last = _stream(eng)
         at_pause = _pause_after(eng, seen)

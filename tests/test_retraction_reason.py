@@ -92,3 +92,17 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
     assert across.sent_version == "v1" and across.status is SampleStatus.FAILED and across.routed_experts is None
     assert across.error.startswith("routed experts: retracted 1x and the weight version was 'v1' when sent, 'v2'")
     assert (alone.sent_version, alone.routed_experts.shape, alone.error) == ("v2", (2, 1, 2), None)
+
+
+def test_engine_with_the_retraction_fix_keeps_the_sample():
+    """An answer stating the retraction-rows rule (meta_info, added by the plugin's tokenizer-manager hook) is
+    kept across a weight update, in both meta_info shapes; without the key the same answer is refused."""
+    from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, SAMPLING_TIME
+
+    for meta in (_meta(1, [("v1", 20)], "v2", 60), _finish_only(1, "v2")):
+        assert retraction_reason(meta, "v1") is not None
+        for rule in (SAMPLING_TIME, RECOMPUTED):
+            assert retraction_reason({**meta, META_KEY: rule}, "v1") is None
+        assert retraction_reason({**meta, META_KEY: "something-else"}, "v1") is not None
+    arr, reason = sample_routed_experts({**_finish_only(1, "v2"), META_KEY: SAMPLING_TIME}, 3, LAY, sent_version="v1")
+    assert reason is None and arr.shape == (2, 1, 2)

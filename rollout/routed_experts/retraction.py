@@ -8,8 +8,12 @@ update in between (Miles's `pause_generation(mode="retract")`, update, `update_w
 `continue_generation`; slime's pause uses the default "abort" mode and retracts nothing) the rows of
 the tokens generated before the update are the NEW weights' routes, while those tokens and their
 logprobs came from the OLD weights (measured on the CPU engine, tests/test_retraction_engine.py).
-No row set is right for both halves (later tokens were sampled on the re-prefilled KV), so such a
-sample is refused with a one-line reason (the dispatcher marks it failed).
+Against such an engine the sample is refused with a one-line reason (the dispatcher marks it failed).
+
+An engine with the plugin's `retraction-rows` fix keeps the rows each token was sampled with across a
+retraction and says so in ``meta_info[META_KEY]`` (the rule its rows follow: `SAMPLING_TIME`, or
+`RECOMPUTED` for a request that asked for SGLang's rows). Its answers are kept whatever the weights did:
+the rows follow a stated rule (docs/fixes.md has the measurement behind the default).
 
 What SGLang reports: 0.5.23 gives `num_retractions` and `weight_versions` (spans of output tokens per
 version). 0.5.15.post1 and 0.5.16 give `num_retractions` and only the version at finish
@@ -19,11 +23,16 @@ the version the engine reported when the request was sent (`sent_version`), or w
 from collections.abc import Mapping
 from typing import Optional
 
+from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, SAMPLING_TIME
+
+RULES = (SAMPLING_TIME, RECOMPUTED)
+
 
 def retraction_reason(meta_info: Mapping, sent_version: Optional[str] = None) -> Optional[str]:
-    """A reason when the sample was retracted while the weights changed, else None."""
+    """A reason when the sample was retracted while the weights changed and the engine kept no stated
+    rule for its rows, else None."""
     retractions = int(meta_info.get("num_retractions") or 0)
-    if not retractions:
+    if not retractions or meta_info.get(META_KEY) in RULES:
         return None
     spans = [s for s in (meta_info.get("weight_versions") or []) if isinstance(s, Mapping)]
     if spans:

@@ -16,6 +16,7 @@ from sglang_patches.cpu.graphs import (decode_runner as dr, dp_memcpy as dpm, gr
                                       replay_backend as rb)
 from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as ce, draft_extend_real_rows as de,
                                   draft_token_count as dtc, routed_experts_rows as rer, verify_padding_lcm as vpl)
+from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -54,6 +55,8 @@ PORTS = {
     "padding-rows-capture": v0_5_23.PORTS["padding-rows-capture"],
     "draft-token-count": Port({dtc.COUNT: "581aee9d31bda994"}, test=FIX_TEST),  # slime's patches leave it alone
     "accepted-path-rows": v0_5_23.PORTS["accepted-path-rows"],
+    "retraction-rows": Port({rr.KEEP_REQ_IDX: "bd3c33a693d14000", rr.SPLICE: "d5129896884dfd79",
+                             rr.STATE: "a1fba558fef5e717"}),  # slime's patches leave all three alone
     # CPU family (0.5.15's BaseHostCache pins its own buffer: a second hook)
     "cpu-host-register": Port({hr.SKIP_REGISTER: "408f1eed3b00a7e6", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST),

@@ -17,6 +17,7 @@ from sglang_patches.cpu.fixes import (ep_native_moe as epm, gloo_stacked_allgath
 from sglang_patches.cpu.graphs import decode_runner as dr, graph_config as gc, replay_backend as rb
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
+from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -42,6 +43,7 @@ PORTS = {
     "verify-padding-lcm": Port({vpl.ALIGN: "ec8ae0863594cd9a"}, test=FIX_TEST),
     "capture-snapshot": SNAPSHOT_UPSTREAM,
     "draft-token-count": Port({dtc.COUNT: "d371f05cb690ec0a"}, test=FIX_TEST),
+    "retraction-rows": Port({rr.KEEP: "52dbca1f4a29a9fb", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
     # CPU graph replay
     "cpu-graphs-config": Port({gc.KEEP_GRAPH_CONFIG: "139ccda62b1df9e4"}, test=GRAPHS_TEST),
     "cpu-graphs-decode-runner": Port({dr.BUILD_DECODE_RUNNER: "7e704c83d4a1971e", dr.GRAPH_MODES: "c7880625d0ba90ef"},

@@ -8,6 +8,7 @@ process does not load plugins yet (not-needed, as up to 0.5.16).
 """
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   verify_padding_lcm as vpl)
+from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -29,4 +30,5 @@ PORTS = {
     "cpu-dp-controller-idle": v0_5_15.DP_CONTROLLER_UNREACHABLE,
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "a7e61b4cbd9bf676"}, test=FIX_TEST),
     "accepted-path-rows": v0_5_23.PORTS["accepted-path-rows"],
+    "retraction-rows": Port({rr.KEEP: "8927d8193e9b876c", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
 }

@@ -17,4 +17,5 @@ PORTS = {
     "draft-extend-real-rows": Port({de.PLANNED_ROWS: "3b3d211412fd8c82"}, test=v0_5_15.FIX_TEST),
     "cpu-dp-controller-idle": v0_5_23.PORTS["cpu-dp-controller-idle"],
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=v0_5_15.FIX_TEST),
+    "retraction-rows": v0_5_23.PORTS["retraction-rows"],
 }

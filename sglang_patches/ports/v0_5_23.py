@@ -7,6 +7,7 @@ from sglang_patches.cpu.graphs import (attn_graph_hooks as agh, decode_runner as
                                        pynccl_state as ps, replay_backend as rb)
 from sglang_patches.fixes import (accepted_path_rows, capturer_extent as ce, draft_extend_real_rows as de, r3_guards,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
+from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -34,6 +35,7 @@ PORTS = {
                               reason="_init_num_token_non_padded counts batch_size x num_tokens_per_req for a draft "
                                      "worker's decode batch"),
     "accepted-path-rows": accepted_path_rows.NOT_REACHED,
+    "retraction-rows": Port({rr.KEEP: "e9a690b5c7084bb5", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
     # CPU family
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a"}),
     "cpu-cuda-synchronize": Port({cs.NO_SYNC: "3438d8ef569c0d5f"}),

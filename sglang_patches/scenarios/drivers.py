@@ -334,6 +334,14 @@ class Api0521(Api0515):
             num_dp_ranks=num_dp, dp_size=num_dp, attn_tp_size=attn_tp)))
         stack.enter_context(mock.patch.object(rc, "max_speculative_num_draft_tokens", lambda: k))
         stack.enter_context(mock.patch.object(rc, "get_exec", lambda: SimpleNamespace(graph=graph)))
+        real_spec = rc.get_spec
+
+        def spec():  # the engine publishes its spec bag; a scenario that published none drafts a chain of k
+            try:
+                return real_spec()
+            except ValueError:
+                return SimpleNamespace(speculative_algorithm="EAGLE" if k else None, speculative_eagle_topk=1)
+        stack.enter_context(mock.patch.object(rc, "get_spec", spec))
 
     draft_extend_batch = Api0516.draft_extend_batch  # no real-rows path before 0.5.23
     gather_flags = Api0519.gather_flags

@@ -1,0 +1,152 @@
+"""A retracted request's routed experts keep the rows its tokens were sampled with.
+
+Defect: on every reviewed release `release_req` frees a retracted request's KV slots and
+`Req.reset_for_retract` drops its routed experts; the re-prefill recomputes the prefix into new slots, and
+at finish `get_topk` reads every row through the current slots. The rows returned for the tokens generated
+before the retraction are the re-prefill's routes (prefill numerics, and after a weight update the new
+weights), not the routes that produced those tokens and their logprobs. Near router ties they differ.
+
+Fix (three surgical wrappers):
+- AROUND the module function `release_req` (every retraction goes through it: KV pressure,
+  `pause_generation(mode="retract")`, priority preemption): before SGLang frees the slots, the rows of the
+  positions already computed, ``[start_len, seqlen - 1)`` as `get_topk` reads them at finish, are copied
+  onto the request (`KEPT`, bounded by its length). A later retraction keeps the earlier rows for their
+  positions and adds the buffer's rows after them. A request that has sampled nothing yet (a chunked prefill
+  retracted mid-prompt, whose later positions have no rows) keeps nothing.
+- AROUND `_maybe_collect_routed_experts`: after SGLang's own collection, the kept rows replace the
+  re-prefill's rows for their positions; rows after come from the buffer (sampling-time too: the
+  re-prefill's last row and every decode/verify row after it produced the tokens that followed).
+- AFTER the tokenizer manager's `_wait_one_response`: every answer carrying routed experts states the rule
+  in ``meta_info[META_KEY]`` (`SAMPLING_TIME`, or `RECOMPUTED` for a request that opted out).
+
+A request opts out per request with ``sampling_params.custom_params[RULE_KEY] = RECOMPUTED`` (SGLang's
+rows). The request-owned copy dies with the request (aborts included). Under DP attention each rank's
+scheduler reads its own capturer, as `get_topk` does. The compact wire feature compacts after the splice
+(its AFTER hook wraps this one: the registry registers fixes before features).
+
+Upstream: sglang#39633 (closed unmerged), sglang#24001 (open), miles#3277 (open).
+"""
+from sglang_patches.registry import Fix, Hook
+
+RELEASE = "sglang.srt.managers.schedule_batch.release_req"
+COLLECT = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor." \
+          "_maybe_collect_routed_experts"
+WAIT = "sglang.srt.managers.tokenizer_manager.TokenizerManager._wait_one_response"
+
+KEPT = "_slime_moe_rollout_kept_rows"         # on the Req: (first position, int32 [rows, layers, topk])
+META_KEY = "routed_experts_retraction"         # meta_info: which rows a retracted request's answer carries
+RULE_KEY = "slime_moe_rollout.retraction_rows"  # sampling_params.custom_params: the per-request rule
+SAMPLING_TIME = "sampling-time"
+RECOMPUTED = "recomputed"
+
+
+# ---- the rows (pure) ----------------------------------------------------------------------------
+def keep(prev, start: int, rows):
+    """Rows kept so far (None or (first, tensor)) + the buffer's rows for ``[start, start + len(rows))``:
+    positions already kept keep their rows, later ones come from `rows`."""
+    import torch
+
+    if prev is None:
+        return start, rows
+    first, kept = prev
+    end = first + kept.shape[0]
+    if start > end:  # never: the rows start at the same start_len each time
+        raise ValueError(f"rows from {start} leave a gap after kept rows [{first}, {end})")
+    return first, torch.cat([kept, rows[end - start:]]) if start + rows.shape[0] > end else kept
+
+
+def splice(collected, start: int, kept) -> object:
+    """SGLang's rows for ``[start, start + len(collected))`` with the kept rows over their positions."""
+    first, rows = kept
+    lo, hi = max(start, first), min(start + collected.shape[0], first + rows.shape[0])
+    if lo >= hi:
+        return collected
+    out = collected.clone()
+    out[lo - start: hi - start] = rows[lo - first: hi - first]
+    return out
+
+
+def _rule(custom_params) -> str:
+    if isinstance(custom_params, dict) and custom_params.get(RULE_KEY) == RECOMPUTED:
+        return RECOMPUTED
+    return SAMPLING_TIME
+
+
+# ---- the hooks ----------------------------------------------------------------------------------
+def _keep_rows(req, req_pool_idx, req_to_token_pool):
+    from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
+
+    if not getattr(req, "return_routed_experts", False) or req_pool_idx is None or not req.output_ids:
+        return  # no token sampled yet (a chunked prefill retracted mid-prompt): nothing to keep
+    if _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
+        return
+    capturer = get_global_experts_capturer()
+    if capturer is None:
+        return
+    seqlen = len(req.origin_input_ids) + len(req.output_ids)
+    start = min(req.routed_experts_start_len or 0, seqlen - 1)
+    rows = capturer.get_topk(req_pool_idx=req_pool_idx, seqlen=seqlen, req_to_token_pool=req_to_token_pool,
+                             start_len=start)
+    setattr(req, KEPT, keep(getattr(req, KEPT, None), start, rows))
+
+
+def keep_on_release(original, *args, **kwargs):
+    """AROUND release_req (0.5.19+: the request's pool row is `req.kv.req_pool_idx`)."""
+    req = kwargs["req"]
+    kv = getattr(req, "kv", None)
+    _keep_rows(req, getattr(kv, "req_pool_idx", None), kwargs["req_to_token_pool"])
+    return original(*args, **kwargs)
+
+
+def keep_on_release_req_idx(original, *args, **kwargs):
+    """AROUND release_req (0.5.15.post1-0.5.18: the pool row is `req.req_pool_idx`)."""
+    req = kwargs["req"]
+    _keep_rows(req, getattr(req, "req_pool_idx", None), kwargs["req_to_token_pool"])
+    return original(*args, **kwargs)
+
+
+def splice_on_collect(original, self, req, *args, **kwargs):
+    """AROUND _maybe_collect_routed_experts: the kept rows over the re-prefill's rows."""
+    out = original(self, req, *args, **kwargs)
+    kept = getattr(req, KEPT, None)
+    if kept is not None and getattr(req, "routed_experts", None) is not None:
+        seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)
+        start = min(req.routed_experts_start_len or 0, seqlen - 1)
+        req.routed_experts = splice(req.routed_experts, start, kept)
+        setattr(req, KEPT, None)
+    return out
+
+
+def state_rule(result, self, obj, *args, **kwargs):
+    """AFTER the tokenizer manager's per-request response stream: answers with routed experts name the rule."""
+    sp = getattr(obj, "sampling_params", None)
+    rule = _rule(sp.get("custom_params") if isinstance(sp, dict) else None)
+    return _with_rule(result, rule)
+
+
+async def _with_rule(gen, rule):
+    try:
+        async for out in gen:
+            meta = out.get("meta_info") if isinstance(out, dict) else None
+            if isinstance(meta, dict) and meta.get("routed_experts") is not None:
+                meta[META_KEY] = rule
+            yield out
+    finally:
+        await gen.aclose()
+
+
+KEEP = Hook(RELEASE, keep_on_release)
+KEEP_REQ_IDX = Hook(RELEASE, keep_on_release_req_idx)
+SPLICE = Hook(COLLECT, splice_on_collect)
+STATE = Hook(WAIT, state_rule, "after")
+
+FIX = Fix(
+    name="retraction-rows",
+    family="r3",
+    defect=(
+        "A retracted request's routed experts for the tokens generated before the retraction are the "
+        "re-prefill's routes, not the ones those tokens were sampled with; near router ties they differ."
+    ),
+    reference="sglang#39633 (closed unmerged), sglang#24001, miles#3277",
+    test="tests/test_retraction_rows.py::test_retraction_rows_on_variant",
+)

@@ -1,0 +1,262 @@
+"""Retraction scenarios: real SGLang code on the path of a retracted request's routed experts, on every release.
+
+Run in a fresh process (hooks are process-global), like `sglang_patches.scenarios.dp`:
+    python -m sglang_patches.scenarios.retraction both   # stock SGLang, then SGLang's own load_plugins() and again
+It prints one JSON object {"none": {...}, "plugin": {...}}; "ok" means the rows describe the sampled tokens.
+
+SGLang's own code runs: `schedule_batch.release_req` (with `Req.reset_for_retract`), the capturer's
+`get_topk` and the scheduler's `_maybe_collect_routed_experts`. Simulated: the forwards (they write the
+capturer's host rows as `on_forward_end` does: the row of a token lives at its KV slot, and slot s of a
+forward numbered f holds id f*100 + s), the KV free itself (`release_kv_cache`, `evict_from_tree_cache`:
+the stand-in marks the row released as each release's own does) and the request (a duck-typed Req with the
+fields those functions read). One request, 4 prompt tokens, row 0 of the request-to-token table.
+"""
+import inspect
+import sys
+from contextlib import ExitStack
+from types import MethodType, SimpleNamespace
+from unittest import mock
+
+from sglang_patches.scenarios.runner import main
+
+SCENARIOS = {}
+PROMPT = 4
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+class DuckReq(SimpleNamespace):
+    """The fields of a Req that retraction and collection read; every other field unset (None)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _kv_row_on_req():
+    """0.5.15.post1-0.5.18 keep the pool row on the Req; 0.5.19+ on `req.kv`."""
+    from sglang.srt.managers.scheduler_components import batch_result_processor as bp
+
+    return "req.req_pool_idx" in inspect.getsource(bp.SchedulerBatchResultProcessor._maybe_collect_routed_experts)
+
+
+class Engine:
+    """One request's life: forwards write host rows, retractions run SGLang's release_req, finish collects."""
+
+    def __init__(self, stack, start_len=0, custom_params=None):
+        import torch
+        from sglang.srt.managers import schedule_batch as sb
+        from sglang.srt.state_capturer.base import BaseDeviceCache
+        from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer, set_global_experts_capturer
+
+        cap = object.__new__(RoutedExpertsCapturer)
+        cap.num_layers, cap.topk_size, cap.num_fused_shared_experts = 1, 2, 0
+        cap.device_cache = BaseDeviceCache(8, 1, 2, "cpu", name="routed_experts")
+        cap.host_cache = SimpleNamespace(buffer=torch.full((128, 1, 2), -1, dtype=torch.int32))
+        set_global_experts_capturer(cap)
+        stack.callback(set_global_experts_capturer, None)
+        self.cap, self.sb = cap, sb
+        self.pool = SimpleNamespace(req_to_token=torch.zeros((2, 64), dtype=torch.int64))
+        self.on_req = _kv_row_on_req()
+        kv = None if self.on_req else SimpleNamespace(req_pool_idx=0, holds_kv=True)
+        self.req = DuckReq(return_routed_experts=True, routed_experts_start_len=start_len,
+                           origin_input_ids=list(range(PROMPT)), output_ids=[], kv=kv,
+                           req_pool_idx=0 if self.on_req else None, retraction_count=0, weight_version_events=[],
+                           send_token_offset=0, rid="r0", sampling_params=SimpleNamespace(custom_params=custom_params))
+        self.req.reset_for_retract = MethodType(sb.Req.reset_for_retract, self.req)  # SGLang's own
+        stack.enter_context(mock.patch.object(sb, "release_kv_cache", self._free, create=True))
+        stack.enter_context(mock.patch.object(sb, "evict_from_tree_cache", lambda *a, **k: None, create=True))
+        if hasattr(sb, "get_disagg"):
+            stack.enter_context(mock.patch.object(sb, "get_disagg",
+                                                  lambda: SimpleNamespace(disaggregation_mode="null")))
+
+    def _free(self, req, tree_cache, **kw):
+        if self.on_req:
+            req.req_pool_idx, req.kv = None, None
+        else:
+            req.kv.req_pool_idx, req.kv.holds_kv = None, False
+
+    def _set_row(self, idx):
+        if self.on_req:
+            self.req.req_pool_idx = idx
+        else:
+            self.req.kv.req_pool_idx, self.req.kv.holds_kv = idx, True
+
+    def forward(self, f, first_pos, n, first_slot, sample=1):
+        """Forward number `f` computes positions [first_pos, first_pos + n) into slots from `first_slot` and
+        samples `sample` tokens (prefill and re-prefill: 1; decode: 1)."""
+        for i in range(n):
+            slot = first_slot + i
+            self.pool.req_to_token[0, first_pos + i] = slot
+            self.cap.host_cache.buffer[slot] = f * 100 + slot
+        self.req.output_ids = self.req.output_ids + [7] * sample
+
+    def decode(self, f, n, first_slot):
+        """`n` decode steps: each computes the last token's position."""
+        for i in range(n):
+            self.forward(f, PROMPT + len(self.req.output_ids) - 1, 1, first_slot + i)
+
+    def retract(self):
+        kw = dict(req=self.req, remaing_req_count=1, req_to_token_pool=self.pool, token_to_kv_pool_allocator=None,
+                  tree_cache=None, hisparse_coordinator=None)
+        params = inspect.signature(inspect.unwrap(self.sb.release_req)).parameters
+        if "server_args" in params:
+            kw["server_args"] = SimpleNamespace(disaggregation_mode="null")
+        self.sb.release_req(**kw)
+
+    def reprefill(self, f, first_slot):
+        """The re-prefill: every position of the prompt and the kept output tokens, into new slots."""
+        self._set_row(0)
+        self.forward(f, 0, PROMPT + len(self.req.output_ids), first_slot)
+
+    def finish(self):
+        import numpy as np
+        from sglang.srt.managers.scheduler_components import batch_result_processor as bp
+
+        self.req.output_ids_through_stop = list(self.req.output_ids)
+        shell = object.__new__(bp.SchedulerBatchResultProcessor)
+        for name, value in (("req_to_token_pool", self.pool), ("model_config", MODEL_CONFIG)):
+            object.__setattr__(shell, name, value)  # a frozen dataclass on some releases
+        bp.SchedulerBatchResultProcessor._maybe_collect_routed_experts(shell, self.req)
+        rows = self.req.routed_experts
+        self.compact = rows.dtype == torch_uint8()
+        if self.compact:  # the compact wire feature's payload: header, then int16 rows
+            raw = rows.numpy().tobytes()
+            return np.frombuffer(raw[int.from_bytes(raw[4:6], "little"):], np.int16).reshape(-1, 2)[:, 0].tolist()
+        return rows[:, 0, 0].tolist()
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+# 1 MoE layer, top-2 of 1,024 experts: the compact feature sends int16 rows
+MODEL_CONFIG = SimpleNamespace(hf_text_config={"num_hidden_layers": 1, "num_experts_per_tok": 2,
+                                               "n_routed_experts": 1024})
+
+
+def _expect(got, want):
+    return {"ok": got == want, "detail": f"routed rows {got}, want {want}"}
+
+
+def _first_life(e):
+    """Prefill (forward 1, slots 10..13), 2 decode steps (forward 2, slots 14, 15): 3 output tokens."""
+    e.forward(1, 0, PROMPT, 10)
+    e.decode(2, 2, 14)
+
+
+def _retracted(e, decode_after=1):
+    """The first life, a retraction, the re-prefill into slots 30..36 (forward 5), then `decode_after` decode
+    steps from slot 37 (forward 6)."""
+    _first_life(e)
+    e.retract()
+    e.reprefill(5, 30)
+    e.decode(6, decode_after, 37)
+
+
+@scenario
+def retraction_rows_kept():
+    # Retracted after 3 output tokens (rows of positions 0..5 sampled in slots 10..15), re-prefilled into
+    # slots 30..36 (forward 5), 1 more decode step (slot 37): positions 0..5 must keep their first rows.
+    with ExitStack() as stack:
+        e = Engine(stack)
+        _retracted(e)
+        return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637])
+
+
+@scenario
+def retraction_rows_start_len():
+    # routed_experts_start_len 2: rows from position 2 on, the kept ones included.
+    with ExitStack() as stack:
+        e = Engine(stack, start_len=2)
+        _retracted(e)
+        return _expect(e.finish(), [112, 113, 214, 215, 536, 637])
+
+
+@scenario
+def retraction_rows_twice():
+    # Retracted again after the first re-prefill and one decode step: the first rows stay for positions
+    # 0..5, the rows sampled between the retractions (positions 6, 7) follow, then the second re-prefill's.
+    with ExitStack() as stack:
+        e = Engine(stack)
+        _retracted(e)
+        e.retract()
+        e.reprefill(8, 50)
+        return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637, 858])
+
+
+@scenario
+def retraction_rows_finish_in_reprefill():
+    # The request finishes in its re-prefill (its last token is sampled there).
+    with ExitStack() as stack:
+        e = Engine(stack)
+        _retracted(e, decode_after=0)
+        return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536])
+
+
+@scenario
+def retraction_rows_compact_wire():
+    # The request also asks for the compact wire format: the kept rows are what gets compacted.
+    from sglang_patches.features.routed_experts_wire import OPT_IN_KEY, OPT_IN_VALUE
+
+    with ExitStack() as stack:
+        e = Engine(stack, custom_params={OPT_IN_KEY: OPT_IN_VALUE})
+        _retracted(e)
+        got = _expect(e.finish(), [110, 111, 112, 113, 214, 215, 536, 637])
+        return {"ok": got["ok"] and e.compact, "detail": f"{got['detail']} (compact payload: {e.compact})"}
+
+
+@scenario
+def retraction_rows_mid_prefill():
+    # Retracted in the middle of a chunked prefill (positions 0, 1 of 4 computed, nothing sampled): the
+    # re-prefill's rows, with or without the plugin (positions 2, 3 had no rows to keep).
+    with ExitStack() as stack:
+        e = Engine(stack)
+        e.forward(1, 0, 2, 10, sample=0)
+        e.retract()
+        e.reprefill(5, 30)
+        e.decode(6, 1, 34)
+        return _expect(e.finish(), [530, 531, 532, 533, 634])
+
+
+GUARDS = ("retraction_rows_never_retracted", "retraction_rows_recomputed_opt_out", "retraction_rows_mid_prefill")
+
+
+@scenario
+def retraction_rows_never_retracted():
+    with ExitStack() as stack:
+        e = Engine(stack)
+        _first_life(e)
+        e.decode(3, 1, 16)
+        return _expect(e.finish(), [110, 111, 112, 113, 214, 215, 316])
+
+
+@scenario
+def retraction_rows_recomputed_opt_out():
+    # custom_params asks for SGLang's rows (the "recomputed" rule): the re-prefill's rows, as stock.
+    from sglang_patches.fixes.retraction_rows import RECOMPUTED, RULE_KEY
+
+    with ExitStack() as stack:
+        e = Engine(stack, custom_params={RULE_KEY: RECOMPUTED})
+        _retracted(e)
+        return _expect(e.finish(), [530, 531, 532, 533, 534, 535, 536, 637])
+
+
+# scenario -> the rows stock SGLang returns (the re-prefill's rows for the pre-retraction positions)
+EXPECT_STOCK = {
+    "retraction_rows_kept": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
+    "retraction_rows_start_len": "routed rows [532, 533, 534, 535, 536, 637]",
+    "retraction_rows_twice": "routed rows [850, 851, 852, 853, 854, 855, 856, 857, 858]",
+    "retraction_rows_finish_in_reprefill": "routed rows [530, 531, 532, 533, 534, 535, 536]",
+    "retraction_rows_compact_wire": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
+}
+
+
+if __name__ == "__main__":
+    main(SCENARIOS, sys.argv[1])

@@ -1,0 +1,231 @@
+"""retraction-rows on the REAL CPU engine (SGLang 0.5.23, the near-tie GLM-4.5 of training_configs/near-tie-cpu.yaml,
+greedy, the plugin on). e2e: two engines, run under `flock /tmp/engine.lock`.
+
+"Without the fix" is the same engine answering requests that ask for SGLang's own rows (custom_params
+``RULE_KEY = RECOMPUTED``: the fix's hooks leave them alone); "with the fix" is the default rule. Each retracted
+request's rows are compared with a reference run of the same prompts that nobody retracts (the rows captured
+when those tokens were sampled), up to the first output token that differs from the reference:
+
+(a) KV pressure: a 224-token pool and 16 concurrent requests with ``min_new_tokens`` (``ignore_eos`` would make
+    SGLang reserve each request's whole budget at admission and never retract).
+(b) ``pause_generation(mode="retract")`` once every streamed request has BEFORE tokens, then continue, with and
+    without a weight update in between (Miles' sequence); the rows of the positions computed before the pause
+    are compared. After an update, `r3 check`'s replay (trainer = the new weights) is measured for the tokens
+    before and after the update under both rules (tests print the numbers; docs/fixes.md keeps them).
+"""
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from support.engines import decode_routed, preset
+from test_retraction_engine import _miles_update, _post
+
+from rollout.net import auth_headers
+from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, RULE_KEY, SAMPLING_TIME
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "training_configs" / "near-tie-cpu.yaml")
+LAYERS, TOPK = 5, 8            # the near-tie model: 1 dense + 4 MoE layers, top-8
+N_REQ, NEW = 16, 48            # (a): 16 concurrent requests of 48 new tokens each
+SMALL_POOL = 224
+STREAMED, BEFORE, LONG = 3, 8, 96   # (b): 3 streamed requests, paused after 8 tokens each, 96 new tokens
+RULES = {"stock": RECOMPUTED, "fix": SAMPLING_TIME}
+
+
+def prompts():
+    from rollout.cli.run import prompts_for
+
+    return prompts_for(320, N_REQ, seed=7)
+
+
+def body(prompt, n, rule, stream=False):
+    return {"input_ids": prompt, "stream": stream, "return_routed_experts": True, "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": n, "min_new_tokens": n,
+                                "custom_params": {RULE_KEY: rule}}}
+
+
+def generate(eng, prompt, n, rule):
+    r = requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body(prompt, n, rule),
+                      timeout=900)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()
+
+
+def batch(eng, rule, n=NEW):
+    with ThreadPoolExecutor(N_REQ) as ex:
+        return list(ex.map(lambda p: generate(eng, p, n, rule), prompts()))
+
+
+def rows(out):
+    """MoE-layer expert sets ``[rows, 4, topk]`` (sorted) of one answer."""
+    return np.sort(decode_routed(out["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:], axis=-1)
+
+
+def differ(a, b, lo=0, hi=None):
+    """Token-layers of positions [lo, hi) whose expert sets differ."""
+    return int((rows(a)[lo:hi] != rows(b)[lo:hi]).any(-1).sum())
+
+
+def near_tie(tmp, seed=0):
+    from rollout.models.near_tie import build_near_tie_glm
+
+    return build_near_tie_glm(str(tmp / f"near-tie-seed{seed}"), seed=seed)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("near-tie")
+    return near_tie(tmp, 0), near_tie(tmp, 1)
+
+
+@pytest.fixture(scope="module")
+def reference(engine_pool, models):
+    """The unretracted reference: the batch on the config's own pool (4,096 tokens)."""
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    ref = batch(eng, SAMPLING_TIME)
+    assert all(o["meta_info"]["num_retractions"] == 0 for o in ref)
+    return ref
+
+
+def agree(o, r):
+    """End of the positions whose rows are comparable: up to the first output token that differs from the reference (a
+    re-prefill's numerics can flip a later greedy token; rows after it describe other tokens)."""
+    a, b = o["output_ids"], r["output_ids"]
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return o["meta_info"]["prompt_tokens"] + min(j, len(a) - 1)  # row p reads the tokens at positions [0, p]
+
+
+def _kv_pressure(out, ref):
+    """Per run: retracted requests, their differing output token-layers (comparable positions), the rest's."""
+    got = {"retracted": 0, "token_diverged": 0, "output_token_layers": 0, "differ": 0,
+           "unretracted_token_layers": 0, "unretracted_differ": 0}
+    for o, r in zip(out, ref, strict=True):
+        lo, hi = o["meta_info"]["prompt_tokens"], agree(o, r)
+        n = 4 * max(0, hi - lo)
+        if o["meta_info"]["num_retractions"]:
+            got["retracted"] += 1
+            got["token_diverged"] += o["output_ids"] != r["output_ids"]
+            got["output_token_layers"] += n
+            got["differ"] += differ(o, r, lo, hi)
+        else:
+            got["unretracted_token_layers"] += n
+            got["unretracted_differ"] += differ(o, r, lo, hi)
+    return got
+
+
+def stream_and_pause(eng, rule, between):
+    """Stream STREAMED requests, pause (retract) once each has BEFORE tokens, run `between`, continue."""
+    import threading
+    import time
+
+    seen, last = [0] * STREAMED, [None] * STREAMED
+
+    def one(i):
+        with requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), stream=True, timeout=900,
+                           json=body(prompts()[i], LONG, rule, stream=True)) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    last[i] = json.loads(line[6:])
+                    seen[i] = len(last[i].get("output_ids") or [])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(STREAMED)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    while min(seen) < BEFORE:
+        assert time.monotonic() - t0 < 300, f"streams did not reach {BEFORE} tokens: {seen}"
+        time.sleep(0.02)
+    _post(eng, "/pause_generation", {"mode": "retract"})
+    at_pause = list(seen)
+    between()
+    for t in threads:
+        t.join(timeout=900)
+    assert all(o and o["meta_info"]["num_retractions"] >= 1 for o in last), [o and o["meta_info"] for o in last]
+    return at_pause, last
+
+
+def _pause_rows(eng, ref, between, after=lambda: None):
+    """Each rule in turn: stream, pause, `between`, continue; `after` restores the engine. The rows of the
+    positions computed before the pause are compared with the unretracted reference's."""
+    got, outs = {}, {}
+    for name, rule in RULES.items():
+        try:
+            at_pause, out = stream_and_pause(eng, rule, between)
+        finally:
+            after()
+        outs[name] = (at_pause, out)
+        for o, r, k in zip(out, ref, at_pause):
+            assert o["output_ids"][:k] == r["output_ids"][:k], "tokens before the pause differ from the reference"
+        computed = [o["meta_info"]["prompt_tokens"] + k - 1 for o, k in zip(out, at_pause)]
+        got[name] = {"at_pause": at_pause, "token_layers": 4 * sum(computed),
+                     "differ": [differ(o, r, 0, c) for o, r, c in zip(out, ref, computed)]}
+    return got, outs
+
+
+def test_b_pause_retract_same_weights(engine_pool, models, reference):
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
+    got, _ = _pause_rows(eng, ref, lambda: _post(eng, "/continue_generation", {}))
+    print("pause retract, same weights:", json.dumps(got))
+    assert sum(got["fix"]["differ"]) == 0, got
+
+
+def test_b_pause_retract_weight_update(engine_pool, models, reference):
+    """Miles' sequence between pause and continue: flush, update to the seed-1 weights, name the version. The rows
+    of the positions computed before the pause: the old weights' routes with the fix, the new ones' without."""
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
+
+    def restore():
+        _post(eng, "/continue_generation", {})
+        _post(eng, "/update_weights_from_disk", {"model_path": models[0], "weight_version": "default"})
+
+    got, outs = _pause_rows(eng, ref, lambda: _miles_update(eng, models[1], "seed1"), restore)
+    print("pause retract, weight update:", json.dumps(got))
+    assert sum(got["stock"]["differ"]) > 0 and sum(got["fix"]["differ"]) == 0, got
+    replay = _replay_rules(models[1], outs)
+    print("replay after a weight update (trainer: new weights):", json.dumps(replay))
+    Path(os.environ.get("RETRACTION_REPLAY_JSON", os.devnull)).write_text(json.dumps({"rows": got, "replay": replay}))
+
+
+def test_a_kv_pressure_retraction(engine_pool, models, reference):
+    eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}))
+    got = {}
+    for name, rule in RULES.items():
+        out = batch(eng, rule)
+        assert all(o["meta_info"].get(META_KEY) == rule for o in out)
+        got[name] = _kv_pressure(out, reference)
+    print("KV pressure:", json.dumps(got))
+    assert got["stock"]["retracted"] and got["fix"]["retracted"], got
+    assert got["stock"]["differ"] > 0, got             # the re-prefill's routes replace the sampled ones
+    assert got["fix"]["differ"] < got["stock"]["differ"], got
+    # unretracted requests differ from the reference in a few token-layers too (batch composition; measured
+    # 4 of 2,760 and 7 of 2,692): printed, not asserted
+
+
+def _replay_rules(trainer_path, outs):
+    """k3 KL and mean |d| of the trainer forward (new weights) with each rule's rows replayed, for the response
+    tokens sampled before the update, after it, and the whole sample."""
+    from rollout.r3.metrics import logprob_stats
+    from rollout.r3.replay import load_model, recompute
+
+    model = load_model(trainer_path, "bfloat16")
+    report = {}
+    for name, (at_pause, out) in outs.items():
+        parts = {"before": ([], []), "after": ([], []), "whole": ([], [])}
+        for prompt, o in zip(prompts(), out):
+            full = decode_routed(o["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:]
+            lp = [x[0] for x in o["meta_info"]["output_token_logprobs"]]
+            trainer = recompute(model, prompt, o["output_ids"], full).logprobs
+            k = o["meta_info"]["weight_versions"][1]["start"]   # output tokens [0, k): the old weights
+            for part, sl in (("before", slice(0, k)), ("after", slice(k, None)), ("whole", slice(None))):
+                parts[part][0].extend(trainer[sl])
+                parts[part][1].extend(lp[sl])
+        report[name] = {part: {key: logprob_stats(t, r)[key] for key in ("tokens", "k3_kl", "mean_abs_diff")}
+                        for part, (t, r) in parts.items()}
+    return report
