@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from conftest import RemoteEngine
+from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 
 
@@ -55,7 +56,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
         dead.append((time.monotonic(), reason))
 
     try:
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 5), on_dead, interval_s=0.05, failures=failures, alive_poll_s=0.02)
             eng = RemoteEngine(str(server.make_url("")).rstrip("/"))
             t0 = time.monotonic()

@@ -15,11 +15,11 @@ import os
 import threading
 import time
 
-import aiohttp
 import pytest
 import requests
 from conftest import preset
 
+from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 from rollout.net import auth_headers
 
@@ -96,13 +96,10 @@ class Handle:
         return self.eng.exit_reason()
 
 
-def _without_rule(session):
+def _without_rule(client):
     """The probe without the progress rule: every answer but 200 is a failure (the stock monitor)."""
     async def probe(engine):
-        async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
-                               timeout=aiohttp.ClientTimeout(total=30)) as r:
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}")
+        await client.health_generate(engine, 30)   # raises on anything but 200
     return probe
 
 
@@ -113,7 +110,7 @@ def test_monitor_keeps_busy_engine_and_kills_stopped_one(engine, tmp_path):
         async def on_dead(e, reason):
             dead.append((e.name, time.monotonic(), reason))
 
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             ruled = HealthMonitor(http_probe(s, 30), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
             stock = HealthMonitor(_without_rule(s), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
             ruled.watch(Handle(engine, "with-rule"))

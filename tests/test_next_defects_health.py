@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from conftest import RemoteEngine
+from rollout.engines.client import EngineClient
 from rollout.engines.health import NO_ANSWER, HealthMonitor, http_probe
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,7 +54,7 @@ async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
     await site.start()
     url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]
     try:
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 0.2), lambda e, r: asyncio.sleep(0), interval_s=0.1, failures=1000,
                               alive_poll_s=0.02, server_window_s=server_window_s)
             m.watch(RemoteEngine(url))
@@ -91,7 +92,7 @@ def test_answered_probe_does_not_hold():
         app.router.add_get("/health_generate", lambda r: asyncio.sleep(0, web.Response(status=200)))
         server = TestServer(app)
         await server.start_server()
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 5), lambda e, r: asyncio.sleep(0), interval_s=0.05, failures=3,
                               alive_poll_s=0.01, server_window_s=30)
             m.watch(RemoteEngine(str(server.make_url("")).rstrip("/")))
@@ -111,11 +112,11 @@ def test_manager_passes_the_engines_health_window():
     """The monitor's server window is the largest SGLANG_HEALTH_CHECK_TIMEOUT an engine group sets (else 20 s)."""
     from types import SimpleNamespace
 
-    from rollout.manager import RolloutManager
+    from rollout.engines.fleet import ManagedFleet
 
-    def mgr(*envs):
-        specs = {f"e{i}": SimpleNamespace(group=SimpleNamespace(env=env)) for i, env in enumerate(envs)}
-        return SimpleNamespace(specs=specs)
+    def fleet(*envs):
+        specs = [SimpleNamespace(name=f"e{i}", group=SimpleNamespace(env=env)) for i, env in enumerate(envs)]
+        return ManagedFleet(specs, None, None, None)
 
-    assert RolloutManager._server_health_window(mgr({}, {})) == 20.0
-    assert RolloutManager._server_health_window(mgr({"SGLANG_HEALTH_CHECK_TIMEOUT": "45"}, {})) == 45.0
+    assert fleet({}, {})._server_health_window() == 20.0
+    assert fleet({"SGLANG_HEALTH_CHECK_TIMEOUT": "45"}, {})._server_health_window() == 45.0

@@ -17,11 +17,11 @@ import threading
 import time
 from datetime import datetime
 
-import aiohttp
 import pytest
 import requests
 
 from conftest import log_text, preset
+from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe
 from rollout.net import auth_headers
 
@@ -83,7 +83,7 @@ def _run(engine, seed, server_window_s):
     ok = []
 
     async def go():
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 0.3), lambda e, r: asyncio.sleep(0), interval_s=0.2, failures=10**6,
                               alive_poll_s=0.05, server_window_s=server_window_s)
             m.watch(Handle(engine))

@@ -14,9 +14,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 if __name__ != "__main__":
-    import aiohttp
     import pytest
 
+    from rollout.engines.client import EngineClient
     from rollout.config import EngineSpec
     from rollout.engines.base import EngineStartError
     from rollout.engines.health import HealthMonitor
@@ -112,7 +112,7 @@ BUDGETS = ReadinessBudgets(process_s=2, http_s=3, server_up_s=2, health_generate
 
 
 async def _ready(engine, budgets=BUDGETS):
-    async with aiohttp.ClientSession() as s:
+    async with EngineClient() as s:
         return await wait_ready(engine, budgets, s)
 
 

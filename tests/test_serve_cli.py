@@ -151,10 +151,12 @@ def _StandInManager(names):
     """A real RolloutManager that starts nothing (its events are what serve supervises); stop() is recorded."""
     from types import SimpleNamespace
 
-    from rollout.manager import RolloutManager
+    from rollout.engines.fleet import ManagedFleet
+    from rollout.manager import RolloutManager, RolloutOptions
 
-    mgr = RolloutManager([SimpleNamespace(name=n) for n in names], None, budgets=None, health=None,
-                         sampling={}, n_samples=1, concurrency=1)
+    fleet = ManagedFleet([SimpleNamespace(name=n) for n in names], None, None, None)
+    mgr = RolloutManager(fleet, RolloutOptions({}, 1, 1))
+    mgr.log = fleet.events.log
     mgr.stopped = False
 
     async def stop():
@@ -221,6 +223,6 @@ def test_served_addrs_are_node0_urls_in_config_order():
 
     from rollout.cli.serve import served_addrs
 
-    mgr = NS(specs={"e0": None, "e1": None},   # config order; engines came up in the other order
-             engines={"e1": NS(url="http://10.0.0.7:30010"), "e0": NS(url="http://10.0.0.5:30000")})
-    assert served_addrs(mgr) == "10.0.0.5:30000 10.0.0.7:30010"
+    fleet = NS(specs={"e0": None, "e1": None},   # config order; engines came up in the other order
+               engines={"e1": NS(url="http://10.0.0.7:30010"), "e0": NS(url="http://10.0.0.5:30000")})
+    assert served_addrs(fleet) == "10.0.0.5:30000 10.0.0.7:30010"

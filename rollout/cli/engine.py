@@ -204,16 +204,18 @@ def print_report(engine, ready) -> None:
 
 
 def _sample(engine, prompt: str, n: int) -> None:
-    import requests
+    import asyncio
 
-    from rollout.net import auth_headers
+    from rollout.engines.client import EngineClient
+
+    async def one() -> dict:
+        async with EngineClient() as client:
+            return await client.generate(engine, body, timeout_s=600)
 
     t0 = time.time()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0},
             "return_routed_experts": engine.spec.group.routed_experts}
-    r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
-    r.raise_for_status()
-    out = r.json()
+    out = asyncio.run(one())
     meta = out.get("meta_info", {})
     extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
