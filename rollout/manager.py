@@ -3,7 +3,7 @@
     async with RolloutManager.from_config(cfg, backend, model_path) as mgr:
         result = await mgr.rollout(prompts, sink, batch_size=N)    # groups reach `sink` as they finish
 
-Which engines exist comes from an engine source (`engines.source.engine_source`): a managed fleet
+Which engines exist comes from an engine source (`engine_source`, the one factory): a managed fleet
 (launch, readiness, health, restarts; `from_config`) or attached workers (engines started by someone
 else, fixed or listed by a `discover` call such as slime's router). Every HTTP call goes through one
 `EngineClient`. A source that gives every engine up closes the dispatcher: `rollout()` raises
@@ -27,14 +27,30 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rollout.dispatch import Dispatcher
+from rollout.engines.attached import AttachedWorkers
 from rollout.engines.client import EngineClient
-from rollout.engines.source import EngineSource, engine_source
+from rollout.engines.fleet import ManagedFleet
+from rollout.engines.source import EngineSource
 from rollout.errors import EnginesLost, WeightVersionError
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, Event, Group, Sample, SampleStatus, group_id
 
 __all__ = ["EnginesLost", "Event", "RolloutManager", "RolloutOptions", "RolloutResult", "WeightVersionError",
-           "group_record"]
+           "engine_source", "group_record"]
+
+
+def engine_source(cfg=None, backend=None, model_path: Optional[str] = None, *, endpoints=(), discover=None,
+                  empty_wait_s: float = 60.0, api_key=None, ports=None, **fleet) -> EngineSource:
+    """The one factory. With a `backend`: a managed fleet of `cfg`'s engines serving `model_path` (`fleet`:
+    `ManagedFleet` options: view, restart_view, weight_sync_hook, restarts, probe, max_events). Otherwise:
+    attached workers, the fixed `endpoints` and/or what `discover` lists."""
+    if backend is None:
+        return AttachedWorkers(endpoints, discover, empty_wait_s)
+    from rollout.config import engine_specs
+
+    r = cfg.rollout
+    return ManagedFleet(engine_specs(cfg, model_path, api_key=api_key, ports=ports), backend, r.budgets, r.health,
+                        **fleet)
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,8 @@ class RolloutManager:
     def from_config(cls, cfg, backend, model_path: str, *, run_id: Optional[str] = None,
                     client: Optional[EngineClient] = None, **fleet) -> "RolloutManager":
         """A managed fleet of the config's engines (`fleet`: `engine_source` options: api_key, ports, view, ...)."""
-        return cls(engine_source(cfg, backend, model_path, **fleet), RolloutOptions.from_config(cfg, run_id), client)
+        options = RolloutOptions.from_config(cfg, run_id)
+        return cls(engine_source(cfg, backend, model_path, **fleet), options, client)
 
     @property
     def n_samples(self) -> int:

@@ -89,8 +89,7 @@ def test_compact_rows_equal_int32_rows(engine_pool, tiny_match_model):
 def test_manager_asks_compact_after_its_probe(engine_pool, tiny_match_model):
     from conftest import preset
 
-    from rollout.engines.source import engine_source
-    from rollout.manager import RolloutManager, RolloutOptions
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.types import Endpoint, Sample
 
     eng = engine_pool.get("b", preset("b", tiny_match_model))

@@ -9,8 +9,7 @@ import pytest
 from conftest import preset
 
 from rollout.cli.serve_weights import WeightGuard
-from rollout.engines.source import engine_source
-from rollout.manager import RolloutManager, RolloutOptions
+from rollout.manager import RolloutManager, RolloutOptions, engine_source
 from rollout.slime.attach import Endpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -1,4 +1,4 @@
-"""Which engines exist: an engine source, picked by one factory (`engine_source`).
+"""Which engines exist: an engine source, picked by one factory (`manager.engine_source`).
 
 A source admits engines to a pool (the dispatcher: `admit`, `enlist`, `remove`, `close`, `reopen`,
 `slots`, `client`) and takes them out again; the manager only dispatches and carries groups.
@@ -40,19 +40,3 @@ class EngineSource:
     async def on_error(self, engine) -> None:
         """A request to `engine` failed at the connection level."""
 
-
-def engine_source(cfg=None, backend=None, model_path: Optional[str] = None, *, endpoints=(), discover=None,
-                  empty_wait_s: float = 60.0, api_key=None, ports=None, **fleet) -> EngineSource:
-    """The one factory. With a `backend`: a managed fleet of `cfg`'s engines serving `model_path` (`fleet`:
-    `ManagedFleet` options: view, restart_view, weight_sync_hook, restarts, probe, max_events). Otherwise:
-    attached workers, the fixed `endpoints` and/or what `discover` lists."""
-    if backend is not None:
-        from rollout.config import engine_specs
-        from rollout.engines.fleet import ManagedFleet
-
-        r = cfg.rollout
-        specs = engine_specs(cfg, model_path, api_key=api_key, ports=ports)
-        return ManagedFleet(specs, backend, r.budgets, r.health, **fleet)
-    from rollout.engines.attached import AttachedWorkers
-
-    return AttachedWorkers(endpoints, discover, empty_wait_s)

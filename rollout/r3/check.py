@@ -156,8 +156,7 @@ def rollout_from_url(url: str, model_path: str, prompts: list, sampling: dict, n
     import json
     import os
 
-    from rollout.engines.source import engine_source
-    from rollout.manager import RolloutManager, RolloutOptions
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.routed_experts import MoELayout
     from rollout.types import Endpoint
 

@@ -87,8 +87,7 @@ async def attach_workers(args):
     manager balances over the workers itself. slime pauses, updates and continues each engine directly
     (`SGLangEngine.pause_generation` etc.), never through the router, so nothing slime expects is skipped.
     """
-    from rollout.engines.source import engine_source
-    from rollout.manager import RolloutManager, RolloutOptions
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
 
     layout = moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
     workers = RouterWorkers(router_url(args), getattr(args, "sglang_api_key", None))
