@@ -10,14 +10,13 @@ the progress rule (every failed probe counts) declares the engine dead, while th
 probe).
 """
 import asyncio
-import contextlib
 import os
-import threading
 import time
 
 import pytest
 import requests
 from conftest import preset
+from held_forward import held_forward
 
 from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
@@ -47,32 +46,6 @@ def _healthy_again(engine, budget_s: float = 120.0) -> bool:
         if _health(engine) == 200:
             return True
     return False
-
-
-@contextlib.contextmanager
-def held_forward(engine, tmp_path, budget_s: float = 120.0):
-    """One request whose forward step lasts until the block ends (the scheduler is inside it on entry)."""
-    from held_forward import HeldForward
-
-    hold = str(tmp_path / "hold")
-    open(hold, "w").close()
-    body = {"input_ids": [5, 6, 7, 8], "custom_logit_processor": HeldForward.to_str(),
-            "sampling_params": {"max_new_tokens": 1, "custom_params": {"hold": hold}}}
-    answer = []
-    t = threading.Thread(target=lambda: answer.append(requests.post(
-        engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600).status_code))
-    t.start()
-    try:
-        end = time.monotonic() + budget_s
-        while not os.path.exists(hold + ".entered"):
-            assert t.is_alive(), f"the held request ended before its forward step: HTTP {answer}"
-            assert time.monotonic() < end, f"the scheduler did not reach the held step in {budget_s:g} s"
-            time.sleep(0.1)
-        yield
-    finally:
-        os.unlink(hold)
-        t.join(timeout=300)
-    assert answer == [200], f"the held request failed: {answer}"
 
 
 def test_stock_health_generate_fails_while_only_busy(engine, tmp_path):
