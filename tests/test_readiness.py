@@ -82,6 +82,10 @@ def _serve(mode: str, port: int) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             rank = body.get("routed_dp_rank")
             print(f"generate dp_rank={rank}", flush=True)
+            if mode == "auth-generate":   # a key checked only on /generate
+                return self._send(401, {"error": "Unauthorized"})
+            if mode == "busy-500":        # a server error whose text happens to hold " 401 "
+                return self._send(500, {"error": "scheduler busy: 401 requests queued"})
             if rank is not None and rank >= 2:  # the recorded answer to an out-of-range rank
                 return self._send(400, json.loads(_fact("dp-attn")["out_of_range"]["text"]))
             served = 0 if mode == "one-rank" else rank  # one-rank: routing ignored, rank 0 serves all
@@ -200,6 +204,26 @@ def test_wrong_api_key_is_named_at_once(tmp_path):
         _run(eng)
     assert "API key rejected" in str(ei.value) and "phase 'HTTP up'" in str(ei.value)
     assert time.monotonic() - t0 < 3
+
+
+def test_key_rejected_on_the_probe_is_named_at_once(tmp_path):
+    """A key checked only on /generate: the DP probe's 401 is the client's `ApiKeyRejected`, named at once."""
+    eng = _backend(tmp_path, "auth-generate").start(_spec(free_port()))
+    t0 = time.monotonic()
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    assert "phase 'one-token probe on every DP rank'" in str(ei.value) and "API key rejected" in str(ei.value)
+    assert "HTTP 401" in str(ei.value) and time.monotonic() - t0 < 2
+
+
+def test_a_server_error_mentioning_401_is_not_a_rejected_key(tmp_path):
+    """A rejected key is told by the answer's status, never by searching error text for " 401 ": a 500
+    whose body holds " 401 " is waited out as the server error it is."""
+    eng = _backend(tmp_path, "busy-500").start(_spec(free_port()))
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    assert "API key rejected" not in str(ei.value), str(ei.value)
+    assert "not reached within 2 s (last: DP rank 0: HTTP 500" in str(ei.value)
 
 
 def test_port_already_taken(tmp_path):
