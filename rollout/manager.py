@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rollout.config import engine_specs
 from rollout.dispatch import Dispatcher
 from rollout.engines.attached import AttachedWorkers
 from rollout.engines.client import EngineClient
@@ -46,8 +47,6 @@ def engine_source(cfg=None, backend=None, model_path: Optional[str] = None, *, e
     attached workers, the fixed `endpoints` and/or what `discover` lists."""
     if backend is None:
         return AttachedWorkers(endpoints, discover, empty_wait_s)
-    from rollout.config import engine_specs
-
     r = cfg.rollout
     return ManagedFleet(engine_specs(cfg, model_path, api_key=api_key, ports=ports), backend, r.budgets, r.health,
                         **fleet)

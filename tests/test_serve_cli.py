@@ -156,7 +156,6 @@ def _StandInManager(names):
 
     fleet = ManagedFleet([SimpleNamespace(name=n) for n in names], None, None, None)
     mgr = RolloutManager(fleet, RolloutOptions({}, 1, 1))
-    mgr.log = fleet.events.log
     mgr.stopped = False
 
     async def stop():
@@ -179,8 +178,8 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
         mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
         task = asyncio.create_task(_supervise(mgr, stop, Console(stderr=True)))
         await asyncio.sleep(0.1)   # start-up events (before supervising) are not repeated
-        mgr.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
-        mgr.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
+        mgr.source.events.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
+        mgr.source.events.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
         await asyncio.sleep(0.7)
         stop.set()
         return await task, mgr
@@ -204,10 +203,10 @@ def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
         mgr = _StandInManager(["tiny-0"])
         task = asyncio.create_task(_supervise(mgr, asyncio.Event(), Console(stderr=True)))
         await asyncio.sleep(0.1)
-        mgr.log("tiny-0", EngineEvent.GIVEN_UP, "3 restart(s) failed (last: HTTP up not reached)")
+        mgr.source.events.log("tiny-0", EngineEvent.GIVEN_UP, "3 restart(s) failed (last: HTTP up not reached)")
         await asyncio.sleep(0.7)
         assert not task.done()  # giving up one engine is not the verdict: the manager's ALL_LOST is
-        mgr.log("tiny-0", EngineEvent.ALL_LOST, "every engine is lost: tiny-0: HTTP up not reached")
+        mgr.source.events.log("tiny-0", EngineEvent.ALL_LOST, "every engine is lost: tiny-0: HTTP up not reached")
         return await asyncio.wait_for(task, 5), mgr
 
     rc, mgr = asyncio.run(go())

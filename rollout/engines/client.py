@@ -33,6 +33,7 @@ class EngineClient:
 
     def __init__(self):
         self._session: Optional[aiohttp.ClientSession] = None
+        self._closed = False
 
     async def __aenter__(self) -> "EngineClient":
         return self
@@ -41,12 +42,16 @@ class EngineClient:
         await self.close()
 
     async def close(self) -> None:
+        """Close the session; later calls raise `EngineUnreachable` (a task still polling gets no answer)."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     def _open(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        if self._closed:
+            raise ConnectionError("the engine client is closed")
+        if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
