@@ -238,7 +238,8 @@ class RolloutManager:
                         full.set()
                         self.dispatcher.draining = True
                         if any(s.outstanding for s in self.dispatcher.slots.values()):
-                            await self.dispatcher.abort(self.source.abort_to)  # stragglers return with their tokens so far
+                            # stragglers return with their tokens so far
+                            await self.dispatcher.abort(self.source.abort_to)
             finally:
                 gate.release()
 

@@ -1,8 +1,9 @@
 """The rollout's data types and every status it reports, in one place.
 
 `Sample` and `Group` are what the dispatcher fills and the stream delivers; `Endpoint` is an engine
-started by someone else; `Event` is what happened to an engine, kept in an `EventLog`; `SampleStatus` and `EngineEvent` are enums (callers compare members, never
-message text). Both enums mix in `str`, so a value lands in JSON as its text.
+started by someone else; `Event` is what happened to an engine, kept in an `EventLog`; `SampleStatus`
+and `EngineEvent` are enums (callers compare members, never message text). Both enums mix in `str`, so
+a value lands in JSON as its text.
 """
 from __future__ import annotations
 

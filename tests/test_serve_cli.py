@@ -178,7 +178,8 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
         mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
         task = asyncio.create_task(_supervise(mgr, stop, Console(stderr=True)))
         await asyncio.sleep(0.1)   # start-up events (before supervising) are not repeated
-        mgr.source.events.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
+        mgr.source.events.log("tiny-0", EngineEvent.DEAD,
+                              "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
         mgr.source.events.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
         await asyncio.sleep(0.7)
         stop.set()
