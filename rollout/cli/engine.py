@@ -144,8 +144,7 @@ def _launch(args) -> int:
     tree = engine.tree_pids()
     try:
         print_report(engine, ready)
-        if args.prompt:
-            _sample(engine, args.prompt, args.max_new_tokens)
+        failed = bool(args.prompt) and not _sample(engine, args.prompt, args.max_new_tokens)
         if args.serve:
             where = f" (API key in the 0600 file {engine.procs[0].secret_path})" if spec.api_key else ""
             print(f"serving at {engine.url}{where}; Ctrl-C stops it", flush=True)
@@ -154,7 +153,7 @@ def _launch(args) -> int:
     finally:
         engine.stop()
         print(f"stopped; processes left: {alive_pids(tree) or 'none'}")
-    return 0
+    return 1 if failed else 0
 
 
 def log_text(engine) -> str:
@@ -203,10 +202,12 @@ def print_report(engine, ready) -> None:
         print(f"  {pid:>8}  {name:<24} {b / 2**30:.2f} GiB")
 
 
-def _sample(engine, prompt: str, n: int) -> None:
+def _sample(engine, prompt: str, n: int) -> bool:
+    """One greedy request, its answer printed; False (and one line) when the engine did not answer it."""
     import asyncio
 
     from rollout.engines.client import EngineClient
+    from rollout.errors import EngineError
 
     async def one() -> dict:
         async with EngineClient() as client:
@@ -215,7 +216,12 @@ def _sample(engine, prompt: str, n: int) -> None:
     t0 = time.time()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0},
             "return_routed_experts": engine.spec.group.routed_experts}
-    out = asyncio.run(one())
+    try:
+        out = asyncio.run(one())
+    except EngineError as e:
+        print(f"generate: failed: {e}")
+        return False
     meta = out.get("meta_info", {})
     extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
+    return True
