@@ -15,7 +15,7 @@ import time
 
 import pytest
 import requests
-from conftest import preset
+from support.engines import preset
 from held_forward import held_forward
 
 from rollout.engines.client import EngineClient

@@ -22,7 +22,7 @@ from datetime import datetime
 import pytest
 import requests
 
-from conftest import log_text, preset
+from support.engines import log_text, preset
 from held_forward import held_forward
 from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe
