@@ -51,11 +51,8 @@ async def started_manager(cfg, model, prefix, on_created=None):
 
 async def flush_cache(mgr):
     """Empty every engine's prefix cache, so a run never reuses the previous run's prompts."""
-    from rollout.net import auth_headers
-
-    for eng in mgr.engines.values():
-        async with mgr.session.post(eng.url + "/flush_cache", headers=auth_headers(eng.api_key)) as r:
-            await r.read()
+    for eng in mgr.source.engines.values():
+        await mgr.client.flush_cache(eng)
 
 
 async def barrier_batch(mgr, prompts):
@@ -63,14 +60,11 @@ async def barrier_batch(mgr, prompts):
     Semaphore(concurrency x engines), engines round-robin (slime's router), the same /generate body
     (logprobs, routed experts, decoded as slime decodes them); the trainer gets the batch when the
     LAST sample is done. Returns (seconds until the trainer holds data, tokens)."""
-    import aiohttp
     import pybase64
     import torch
 
-    from rollout.net import auth_headers
-
-    engines = list(mgr.engines.values())
-    sem = asyncio.Semaphore(mgr.concurrency * len(engines))
+    engines = list(mgr.source.engines.values())
+    sem = asyncio.Semaphore(mgr.options.concurrency * len(engines))
     sampling, n, tokens, rr = dict(mgr.dispatcher.sampling), mgr.n_samples, [0], [0]
 
     async def one(p, i, k):
@@ -79,9 +73,7 @@ async def barrier_batch(mgr, prompts):
             rr[0] += 1
             body = {"input_ids": p, "sampling_params": sampling, "return_logprob": True,
                     "return_routed_experts": mgr.routed_experts, "rid": f"barrier-{time.monotonic_ns()}-{k}-{i}"}
-            async with mgr.session.post(eng.url + "/generate", json=body, headers=auth_headers(eng.api_key),
-                                        timeout=aiohttp.ClientTimeout(total=600)) as r:
-                out = await r.json()
+            out = await mgr.client.generate(eng, body, timeout_s=600)
             tokens[0] += len(out["meta_info"]["output_token_logprobs"])
             routed = out["meta_info"].get("routed_experts")
             if routed is not None:  # slime decodes it per sample (slime/utils/misc.py decode_int32_meta_array)
@@ -120,7 +112,7 @@ def slime_arm(args, cfg, model, mgr):
         return None
     from _slime_arm import SlimeArm
 
-    addrs = [e.url.split("://", 1)[1] for e in mgr.engines.values()]
+    addrs = [e.url.split("://", 1)[1] for e in mgr.source.engines.values()]
     arm = SlimeArm(args.slime_src, CONFIG, model, addrs, cfg.rollout.sampling.max_new_tokens)
     print(f"  {arm.ready['ready']}", file=sys.stderr)
     return arm

@@ -112,10 +112,10 @@ async def _direct(session, ports, groups, n, conc):
     return lat
 
 
-async def _manager(session, ports, groups, n, conc):
+async def _manager(client, ports, groups, n, conc):
     """The same requests through Dispatcher.run (one task per sample, as RolloutManager.rollout runs them)."""
     from rollout.dispatch import Dispatcher, Sample
-    d = Dispatcher(session, {"max_new_tokens": 4}, capacity=conc)
+    d = Dispatcher(client, {"max_new_tokens": 4}, capacity=conc)
     for i, p in enumerate(ports):
         await d.admit(_Eng(f"e{i}", p))
     samples = [Sample(f"g{g}/{i}", f"g{g}", i, [1, 2, 3]) for g in range(groups) for i in range(n)]
@@ -126,9 +126,12 @@ async def _manager(session, ports, groups, n, conc):
 
 async def _bench(ports, groups, n, conc, rounds, batches=1):
     import aiohttp
+
+    from rollout.engines.client import EngineClient
     out = {"direct": [], "manager": []}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session, EngineClient() as client:
         await _direct(session, ports, groups, n, conc)  # warm up: open the connections
+        await _manager(client, ports, groups, n, conc)
         for r in range(rounds):  # a/b/b/a, so drift hits both sides alike
             order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
             for name in order:
@@ -137,7 +140,7 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
                 c0, t0 = time.process_time(), time.perf_counter()
                 lat = []
                 for _ in range(batches):  # a shallow shape: enough requests per round to time
-                    lat += await fn(session, ports, groups, n, conc)
+                    lat += await fn(session if name == "direct" else client, ports, groups, n, conc)
                 out[name].append((len(lat), time.perf_counter() - t0, time.process_time() - c0, lat))
     return out
 

@@ -32,6 +32,7 @@ from _tiny import one_engine_config, started_manager  # noqa: E402
 
 from rollout.net import auth_headers  # noqa: E402
 from rollout.types import EngineEvent  # noqa: E402
+from rollout.engines.fleet import Restarts  # noqa: E402
 
 SLIME_HEALTH_INTERVAL_S = 30.0  # slime/utils/arguments.py: --rollout-health-check-interval default
 SLIME_HEALTH_TIMEOUT_S = 30.0   # --rollout-health-check-timeout default
@@ -92,9 +93,9 @@ async def run(args):
 
     def slime_watch():
         """Waits until the manager has launched the engine, then runs slime's wait on it."""
-        while not box.get("mgr") or not box["mgr"].engines:
+        while not box.get("mgr") or not box["mgr"].source.engines:
             time.sleep(0.01)
-        eng = next(iter(box["mgr"].engines.values()))
+        eng = next(iter(box["mgr"].source.engines.values()))
         wait_fn(eng.url, eng.api_key, eng.alive)
         box["slime_ready"] = time.monotonic()
 
@@ -111,8 +112,8 @@ async def run(args):
         judge("readiness_delay", "ready", (t_ours - t_launch) / (t_slime - t_launch))
 
         # death mid-rollout
-        mgr.max_restarts = 0  # no restart: the benchmark ends at detection
-        eng = next(iter(mgr.engines.values()))
+        mgr.source.restarts = Restarts(max_restarts=0)  # no restart: the benchmark ends at detection
+        eng = next(iter(mgr.source.engines.values()))
         stream = GroupStream(maxsize=10_000)
         rollout = asyncio.create_task(mgr.rollout(prompts_for(300, args.death_groups, seed=7), stream))
         # monitor i checks first at t0 + (1 - phase_i) * interval: the kill at t0 + interval lands phase_i of an

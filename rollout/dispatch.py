@@ -12,7 +12,8 @@ routed experts go through `routed_experts.sample_routed_experts` (decode, valida
 an engine admitted with `compact` is asked for them in the plugin's compact format (either is decoded).
 Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
-per-call `sampling` override of `run`.
+per-call `sampling` override of `run`. Every HTTP call goes through the engine client (`engines.client`);
+which free engine gets a sample is decided in one place, `place`.
 """
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ import itertools
 import time
 from typing import Optional
 
-import aiohttp
-
-from rollout.net import auth_headers
-from rollout.errors import EngineLost, one_line, short_error
-from rollout.routed_experts import MoELayout, continuation_start, opt_in, sample_routed_experts
+from rollout.engines.client import EngineClient
+from rollout.errors import (DispatcherClosed, EngineError, EngineLost, EngineRejected, EngineUnreachable, one_line,
+                            short_error)
+from rollout.routed_experts import MoELayout, continuation_start, engine_offers, opt_in, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus
 
 
@@ -40,15 +40,14 @@ class _Slot:
         self.lost: set = set()                        # rids cancelled by remove()
         self.version: Optional[str] = None            # weight version the engine reported last
         self.compact = False                          # ask for compact routed experts (engine advertises them)
-        self.headers = auth_headers(engine.api_key)
 
 
 class Dispatcher:
-    def __init__(self, session: aiohttp.ClientSession, sampling: dict, capacity: int,
+    def __init__(self, client: EngineClient, sampling: dict, capacity: int,
                  layout: Optional[MoELayout] = None, seeds: Optional[list] = None, keep_answers: bool = False,
                  max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None,
                  backoff_s: float = 0.2, backoff_max_s: float = 5.0):
-        self.session = session
+        self.client = client
         self.sampling = dict(sampling)
         self.capacity = capacity
         self.layout = layout                   # MoE layout: routed experts asked for, checked and merged
@@ -56,7 +55,7 @@ class Dispatcher:
         self.keep_answers = keep_answers       # append (tokens, text, meta_info) of every answer to sample.outputs
         self.max_attempts = max_attempts
         self.on_error = on_error               # async (engine) -> None, after a connection-level error
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+        self.request_timeout_s = request_timeout_s
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
@@ -67,6 +66,7 @@ class Dispatcher:
         self.unrouted_aborts = 0       # aborted answers without routed experts (queued when aborted)
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
         self.closed_reason: Optional[str] = None
+        self.routed_formats: dict[str, str] = {}   # engine -> "routed experts: compact" or ": int32 (why)"
 
     @property
     def routed_experts(self) -> bool:
@@ -80,6 +80,30 @@ class Dispatcher:
             slot.version = None if weight_version is None else str(weight_version)
             slot.compact = bool(compact) and self.routed_experts
         self._wake_all()
+
+    async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True) -> None:
+        """Admit after asking the engine what dispatch needs: its weight version (when `ask_version`; None when
+        it does not say) and, with routed experts on, whether it advertises them compact (`/server_info`;
+        if not, it is asked for SGLang's int32 format and `routed_formats` says why)."""
+        if ask_version:
+            try:
+                weight_version = await self.client.weight_version(engine)
+            except (EngineError, AttributeError):
+                weight_version = None
+        await self.admit(engine, weight_version, await self._offers_compact(engine))
+
+    async def _offers_compact(self, engine) -> bool:
+        if self.layout is None:
+            return False
+        try:
+            info = await self.client.server_info(engine)
+        except EngineRejected:
+            info = {}
+        except EngineUnreachable as e:
+            info = {"internal_states": None, "error": one_line(e)}
+        ok, why = engine_offers(info, self.layout)
+        self.routed_formats[engine.name] = "routed experts: compact" if ok else f"routed experts: int32 ({why})"
+        return ok
 
     async def remove(self, engine) -> int:
         """Take an engine out of rotation; its in-flight attempts fail with EngineLost (re-sent)."""
@@ -111,29 +135,32 @@ class Dispatcher:
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
 
-    def _take(self) -> Optional[_Slot]:
-        """The least-outstanding free slot, taken (no await: atomic on the event loop), or None."""
-        if self.closed_reason:
-            raise RuntimeError(self.closed_reason)
-        now, best, paused = time.monotonic(), None, None
-        for s in self.slots.values():
-            if s.outstanding >= s.capacity:
-                continue
-            if s.suspect_until > now:
-                paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
-            elif best is None or (s.outstanding, s.served) < (best.outstanding, best.served):
-                best = s
-        if best is not None:
-            best.outstanding += 1
-        elif paused is not None and self._timer is None:  # wake the waiters when the pause ends
-            self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
-        return best
+    def place(self, sample: Sample, free: list) -> _Slot:
+        """Which engine gets `sample`, among the slots free now (never empty): the least outstanding, then
+        the least served. The one placement decision; the rest of dispatch only books slots."""
+        return min(free, key=lambda s: (s.outstanding, s.served))
 
-    async def _acquire(self) -> _Slot:
-        """A slot; waits FIFO while none is free (woken one at a time by _release, all at once by
+    def _take(self, sample: Sample) -> Optional[_Slot]:
+        """A free slot placed for `sample`, taken (no await: atomic on the event loop), or None."""
+        if self.closed_reason:
+            raise DispatcherClosed(self.closed_reason)
+        now = time.monotonic()
+        open_ = [s for s in self.slots.values() if s.outstanding < s.capacity]
+        free = [s for s in open_ if s.suspect_until <= now]
+        if free:
+            slot = self.place(sample, free)
+            slot.outstanding += 1
+            return slot
+        if open_ and self._timer is None:  # only suspects are free: wake the waiters when the first pause ends
+            paused = min(s.suspect_until for s in open_)
+            self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
+        return None
+
+    async def _acquire(self, sample: Sample) -> _Slot:
+        """A slot for `sample`; waits FIFO while none is free (woken one at a time by _release, all at once by
         admit/close or when a suspect slot's pause ends: no polling, no thundering herd)."""
         while True:
-            slot = self._take()
+            slot = self._take(sample)
             if slot is not None:
                 return slot
             fut = asyncio.get_running_loop().create_future()
@@ -207,8 +234,8 @@ class Dispatcher:
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
             try:
-                slot = await self._acquire()
-            except RuntimeError as e:
+                slot = await self._acquire(sample)
+            except DispatcherClosed as e:
                 sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
             if self.draining:
@@ -219,51 +246,44 @@ class Dispatcher:
             slot.inflight[rid] = task
             sample.sent_version = slot.version
             try:
-                out = await self._post(slot, self.payload(sample, rid, sampling, slot.compact))
+                out = await self.client.generate(slot.engine, self.payload(sample, rid, sampling, slot.compact),
+                                                 timeout_s=self.request_timeout_s)
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
                 else:
                     raise
-            except Exception as e:  # connection refused/reset, timeouts
+            except EngineError as e:
                 out = e
             finally:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
                 self._release(slot)
             sample.engines.append(slot.engine.name)
-            if isinstance(out, Exception):
-                sample.error = short_error(out)
+            if isinstance(out, (EngineLost, EngineUnreachable)):   # re-send elsewhere
+                sample.error = short_error(out.cause if isinstance(out, EngineUnreachable) else out)
                 self.resent += 1
-                retries += not isinstance(out, EngineLost)  # a lost engine's samples go elsewhere at once
-                if not isinstance(out, EngineLost):
+                retries += isinstance(out, EngineUnreachable)  # a lost engine's samples go elsewhere at once
+                if isinstance(out, EngineUnreachable):
                     slot.suspect_until = time.monotonic() + 1.0
                     if self.on_error:
                         await self.on_error(slot.engine)
                 continue
-            status, body = out
-            if status >= 500:
-                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
-                self.resent += 1
-                retries += 1
-                continue
-            if status != 200:
+            if isinstance(out, EngineRejected):
+                sample.error = f"HTTP {out.status} from {slot.engine.name}: {one_line(out.body)}"
+                if out.transient:   # 5xx: re-sent after the backoff
+                    self.resent += 1
+                    retries += 1
+                    continue
                 sample.status = SampleStatus.FAILED
-                sample.error = f"HTTP {status} from {slot.engine.name}: {one_line(body)}"
                 break
+            body = out
             self._apply(sample, body)
             version = body.get("meta_info", {}).get("weight_version")
             slot.version = slot.version if version is None else str(version)
             break
         sample.t_done = time.monotonic()
         return sample
-
-    async def _post(self, slot: _Slot, body: dict):
-        async with self.session.post(slot.engine.url + "/generate", json=body,
-                                     headers=slot.headers, timeout=self.timeout) as r:
-            if r.status == 200:
-                return r.status, await r.json()
-            return r.status, await r.text()
 
     def _apply(self, sample: Sample, out: dict) -> None:
         meta = out.get("meta_info", {})
@@ -300,11 +320,8 @@ class Dispatcher:
         """Ask every engine (or each of `endpoints`) to abort all its requests (stragglers once a batch is full)."""
         async def one(engine):
             try:
-                async with self.session.post(engine.url + "/abort_request", json={"abort_all": True},
-                                             headers=auth_headers(engine.api_key),
-                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    await r.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                pass
+                await self.client.abort_all(engine)
+            except EngineError:
+                pass   # a gone engine has nothing left to abort
         targets = [s.engine for s in self.slots.values()] if endpoints is None else list(endpoints)
         await asyncio.gather(*(one(e) for e in targets))

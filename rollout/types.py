@@ -1,11 +1,15 @@
 """The rollout's data types and every status it reports, in one place.
 
 `Sample` and `Group` are what the dispatcher fills and the stream delivers; `Endpoint` is an engine
-started by someone else; `SampleStatus` and `EngineEvent` are enums (callers compare members, never
-message text). Both enums mix in `str`, so a value lands in JSON as its text.
+started by someone else; `Event` is what happened to an engine, kept in an `EventLog`; `SampleStatus`
+and `EngineEvent` are enums (callers compare members, never message text). Both enums mix in `str`, so
+a value lands in JSON as its text.
 """
 from __future__ import annotations
 
+import collections
+import itertools
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
@@ -105,3 +109,35 @@ class Endpoint:
     name: str
     url: str
     api_key: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int                 # 0, 1, ... per log: `since(seq)` reads only what is new
+    t: float                 # time.monotonic()
+    engine: str
+    kind: EngineEvent
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+
+class EventLog:
+    """The engine events of one engine source, bounded (the oldest drop off after `max_events`: long serves)."""
+
+    def __init__(self, max_events: int = 10000):
+        self.events: collections.deque[Event] = collections.deque(maxlen=max_events)
+        self._seq = itertools.count()
+
+    def log(self, engine: str, kind: EngineEvent, detail: str = "") -> Event:
+        ev = Event(next(self._seq), time.monotonic(), engine, EngineEvent(kind), detail)
+        self.events.append(ev)
+        return ev
+
+    def since(self, seq: int) -> list:
+        """Events with seq >= `seq` still held."""
+        return [e for e in self.events if e.seq >= seq]
+
+    def count(self, kind: EngineEvent) -> int:
+        return sum(e.kind == kind for e in self.events)

@@ -72,7 +72,7 @@ async def _iteration(mgr, k: int, groups: int, prompt_len: int) -> dict:
     victim = names[k % len(names)] if names else None
     killed = None
     if victim and not task.done():
-        killed = mgr.engines[victim]
+        killed = mgr.source.engines[victim]
         os.kill(killed.pid, signal.SIGKILL)
     res = await task
     await stream.close()
@@ -85,6 +85,7 @@ async def _iteration(mgr, k: int, groups: int, prompt_len: int) -> dict:
 
 async def main(args) -> int:
     from rollout.cli.engine import model_for
+    from rollout.engines.fleet import Restarts
     from rollout.engines.local_backend import LocalBackend
     from rollout.manager import RolloutManager
     from rollout.net import free_port
@@ -93,7 +94,7 @@ async def main(args) -> int:
     model = model_for(cfg, ROOT)
     logs = tempfile.mkdtemp(prefix="kill-engine-repeat-")
     mgr = RolloutManager.from_config(cfg, LocalBackend(logs), model, ports=[free_port() for _ in range(args.engines)],
-                                     max_restarts=1000)
+                                     restarts=Restarts(max_restarts=1000))
     t_start = time.monotonic()
     tally = {"iterations": [], "engines": args.engines, "groups_per_iteration": args.groups, "logs": logs}
     print(f"starting {args.engines} engine(s) (logs in {logs})", flush=True)

@@ -5,11 +5,11 @@ cancellations apart. Engines are the fake SGLang server (tests/support/fake_sgla
 """
 import asyncio
 
-import aiohttp
 import pytest
 from aiohttp import web
 from support.fake_sglang import FakeSGLang, answer
 
+from rollout.engines.client import EngineClient
 from rollout.dispatch import Dispatcher
 from rollout.types import Sample
 
@@ -41,7 +41,7 @@ def test_removed_engine_attempt_is_resent_and_outside_cancel_propagates():
         r1, p1, got1 = await _server(hang=True)
         r2, p2, _ = await _server(hang=False)
         try:
-            async with aiohttp.ClientSession() as session:
+            async with EngineClient() as session:
                 d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1)
                 hang, ok = _Eng("hang", p1), _Eng("ok", p2)
                 await d.admit(hang)
@@ -79,7 +79,7 @@ def test_waiters_get_slots_in_order_and_wake_when_a_suspect_pause_ends():
     async def main():
         runner, port, _ = await _server(hang=False)
         try:
-            async with aiohttp.ClientSession() as session:
+            async with EngineClient() as session:
                 d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1)
                 await d.admit(_Eng("ok", port))
                 samples = [Sample(f"g/{i}", "g", i, [1, 2]) for i in range(6)]

@@ -69,7 +69,7 @@ def test_two_node_engine_serves_and_restarts_whole_on_node1_kill(cluster, tmp_pa
         await mgr.start()
         print(f"2-node engine admitted after {time.monotonic() - t0:.1f} s", flush=True)
         try:
-            old = mgr.engines["tiny-0"]
+            old = mgr.source.engines["tiny-0"]
             seen.append(old)
             assert old.backend == "ray" and len(old.pids) == 2 and len(set(old.node_ids)) == 2
             assert [b for b in ray.util.placement_group_table(old.pg)["bundles"].values()] == \
@@ -98,7 +98,7 @@ def test_two_node_engine_serves_and_restarts_whole_on_node1_kill(cluster, tmp_pa
             res = await asyncio.wait_for(task, timeout=900)
             await stream.close()
             groups = [g async for g in stream]
-            new = mgr.engines["tiny-0"]
+            new = mgr.source.engines["tiny-0"]
             seen.append(new)
             return res, groups, dead_s, old, new
         finally:

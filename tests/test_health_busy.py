@@ -13,12 +13,12 @@ import subprocess
 import sys
 import time
 
-import aiohttp
 import pytest
 from aiohttp import web
 from support.fake_sglang import FakeSGLang
 
 from support.engines import RemoteEngine
+from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 
 
@@ -51,7 +51,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
         dead.append((time.monotonic(), reason))
 
     try:
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 5), on_dead, interval_s=0.05, failures=failures, alive_poll_s=0.02)
             eng = RemoteEngine(server.url)
             t0 = time.monotonic()

@@ -10,16 +10,15 @@ the progress rule (every failed probe counts) declares the engine dead, while th
 probe).
 """
 import asyncio
-import contextlib
 import os
-import threading
 import time
 
-import aiohttp
 import pytest
 import requests
 from support.engines import preset
+from held_forward import held_forward
 
+from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 from rollout.net import auth_headers
 
@@ -49,32 +48,6 @@ def _healthy_again(engine, budget_s: float = 120.0) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def held_forward(engine, tmp_path, budget_s: float = 120.0):
-    """One request whose forward step lasts until the block ends (the scheduler is inside it on entry)."""
-    from held_forward import HeldForward
-
-    hold = str(tmp_path / "hold")
-    open(hold, "w").close()
-    body = {"input_ids": [5, 6, 7, 8], "custom_logit_processor": HeldForward.to_str(),
-            "sampling_params": {"max_new_tokens": 1, "custom_params": {"hold": hold}}}
-    answer = []
-    t = threading.Thread(target=lambda: answer.append(requests.post(
-        engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600).status_code))
-    t.start()
-    try:
-        end = time.monotonic() + budget_s
-        while not os.path.exists(hold + ".entered"):
-            assert t.is_alive(), f"the held request ended before its forward step: HTTP {answer}"
-            assert time.monotonic() < end, f"the scheduler did not reach the held step in {budget_s:g} s"
-            time.sleep(0.1)
-        yield
-    finally:
-        os.unlink(hold)
-        t.join(timeout=300)
-    assert answer == [200], f"the held request failed: {answer}"
-
-
 def test_stock_health_generate_fails_while_only_busy(engine, tmp_path):
     with held_forward(engine, tmp_path):
         busy = _health(engine)
@@ -96,13 +69,10 @@ class Handle:
         return self.eng.exit_reason()
 
 
-def _without_rule(session):
+def _without_rule(client):
     """The probe without the progress rule: every answer but 200 is a failure (the stock monitor)."""
     async def probe(engine):
-        async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
-                               timeout=aiohttp.ClientTimeout(total=30)) as r:
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}")
+        await client.health_generate(engine, 30)   # raises on anything but 200
     return probe
 
 
@@ -113,7 +83,7 @@ def test_monitor_keeps_busy_engine_and_kills_stopped_one(engine, tmp_path):
         async def on_dead(e, reason):
             dead.append((e.name, time.monotonic(), reason))
 
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             ruled = HealthMonitor(http_probe(s, 30), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
             stock = HealthMonitor(_without_rule(s), on_dead, interval_s=INTERVAL_S, failures=FAILURES)
             ruled.watch(Handle(engine, "with-rule"))

@@ -9,9 +9,9 @@ import os
 import signal
 import time
 
-import aiohttp
 import pytest
 
+from rollout.engines.client import EngineClient
 from rollout import config as rconfig
 from rollout.cli.engine import model_for
 from rollout.engines.base import EngineStartError
@@ -67,9 +67,9 @@ def mgr(loop, tmp_path_factory):
     m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path_factory.mktemp("logs"))), model,
                                    ports=[free_port()])
     loop.run_until_complete(m.start())
-    pids = {n: e.pid for n, e in m.engines.items()}
+    pids = {n: e.pid for n, e in m.source.engines.items()}
     yield m
-    engines = list(m.engines.values())
+    engines = list(m.source.engines.values())
     loop.run_until_complete(m.stop())
     for e in engines:
         assert e.leftover_pids() == []
@@ -80,7 +80,7 @@ def mgr(loop, tmp_path_factory):
 def test_rollout_streams_groups_with_logprobs_and_routed_experts(loop, mgr):
     res, groups = loop.run_until_complete(_collect(mgr, _prompts(4)))
     assert res.delivered == 4 and len({g.group_id for g in groups}) == 4
-    cfg = mgr.specs["tiny-0"].group
+    cfg = mgr.source.specs["tiny-0"].group
     assert cfg.routed_experts
     for g in groups:
         assert len(g.samples) == 2
@@ -93,11 +93,11 @@ def test_rollout_streams_groups_with_logprobs_and_routed_experts(loop, mgr):
 
 
 def test_readiness_phases_pass_on_a_running_engine(loop, mgr):
-    eng = mgr.engines["tiny-0"]
+    eng = mgr.source.engines["tiny-0"]
 
     async def go():
-        async with aiohttp.ClientSession() as s:
-            return await wait_ready(eng, mgr.budgets, s)
+        async with EngineClient() as s:
+            return await wait_ready(eng, mgr.source.budgets, s)
 
     info = loop.run_until_complete(go())
     assert info.dp_size == 1 and info.weight_version == "default"
@@ -105,13 +105,13 @@ def test_readiness_phases_pass_on_a_running_engine(loop, mgr):
 
 
 def test_wrong_api_key_is_one_line_naming_the_cause(loop, mgr):
-    eng = copy.copy(mgr.engines["tiny-0"])
+    eng = copy.copy(mgr.source.engines["tiny-0"])
     eng.spec = copy.copy(eng.spec)
     eng.spec.api_key = "wrong-key"
 
     async def go():
-        async with aiohttp.ClientSession() as s:
-            return await wait_ready(eng, mgr.budgets, s)
+        async with EngineClient() as s:
+            return await wait_ready(eng, mgr.source.budgets, s)
 
     t0 = time.monotonic()
     with pytest.raises(ReadinessError) as ei:
@@ -121,18 +121,18 @@ def test_wrong_api_key_is_one_line_naming_the_cause(loop, mgr):
 
 
 def test_port_already_taken_is_named(mgr, tmp_path):
-    spec = mgr.specs["tiny-0"]
+    spec = mgr.source.specs["tiny-0"]
     with pytest.raises(EngineStartError, match=f"port {spec.port} on 127.0.0.1 is already taken"):
         LocalBackend(str(tmp_path)).start(spec)
 
 
 def test_one_failed_probe_is_tolerated_n_in_a_row_kill(loop, mgr):
-    eng = mgr.engines["tiny-0"]
+    eng = mgr.source.engines["tiny-0"]
     plan = [False, True, False, False, False]  # injected failures around real /health_generate probes
     deaths = []
 
     async def go():
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             real = http_probe(s, 30)
 
             async def probe(e):
@@ -202,7 +202,7 @@ def test_partial_rollout_queued_and_running_aborts_resume_with_rows_matching_tok
 
 @pytest.mark.e2e  # kill -9 and a full engine restart (~3 min here); make test keeps the rollout/abort/readiness tests
 def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
-    old = mgr.engines["tiny-0"]
+    old = mgr.source.engines["tiny-0"]
     # Long enough that the kill lands mid-generation even on a quiet machine (8 x 256 tokens).
     mgr.dispatcher.sampling["max_new_tokens"] = 256
 
@@ -230,7 +230,7 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
     assert old.leftover_pids() == []  # the killed engine's scheduler/detokenizer are gone too
     assert res.delivered == 4 and len({g.group_id for g in groups}) == 4 and res.resent >= 1
     assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
-    new = mgr.engines["tiny-0"]
+    new = mgr.source.engines["tiny-0"]
     assert new is not old and new.alive() and mgr.count(EngineEvent.READMITTED)
     assert any(len(s.engines) > 1 for g in groups for s in g.samples)  # re-sent after the kill
     res2, _ = loop.run_until_complete(_collect(mgr, _prompts(2)))
@@ -248,7 +248,7 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
             stream = GroupStream(maxsize=64)
             task = asyncio.create_task(m.rollout(_prompts(8), stream, batch_size=8))
             await asyncio.sleep(2.0)
-            victim = m.engines["tiny-1"]
+            victim = m.source.engines["tiny-1"]
             os.kill(victim.pid, signal.SIGKILL)
             res = await asyncio.wait_for(task, timeout=600)
             await stream.close()

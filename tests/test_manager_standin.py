@@ -15,8 +15,9 @@ from aiohttp import web
 from support.fake_sglang import FakeSGLang, answer, queued_abort_answer
 
 from rollout.config import EngineSpec
+from rollout.engines.fleet import ManagedFleet, Restarts
 from rollout.net import free_port
-from rollout.manager import RolloutManager, group_record
+from rollout.manager import RolloutManager, RolloutOptions, group_record
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
@@ -158,16 +159,18 @@ def _ports(n):
     return [free_port() for _ in range(n)]
 
 
-def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, partial=True, backend=None, **kw):
+def make_manager(n_engines=2, n_samples=2, concurrency=4, max_new_tokens=8, partial=True, backend=None,
+                 max_restarts=3, **fleet):
     g = EngineGroup(name="s", engines=n_engines, gpus_per_engine=1, tp=1, routed_experts=True)
     specs = [EngineSpec(f"s-{i}", g, i, "127.0.0.1", p, "key", "x") for i, p in enumerate(_ports(n_engines))]
-    return RolloutManager(
+    source = ManagedFleet(
         specs, backend or StandinBackend(),
-        budgets=ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
-        health=HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
-        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples=n_samples,
-        concurrency=concurrency, layout=MoELayout.from_model(MODEL), partial_rollout=partial,
-        **{"restart_backoff_s": 0.05, **kw})
+        ReadinessBudgets(process_s=2, http_s=5, server_up_s=5, health_generate_s=5, dp_probe_s=5),
+        HealthConfig(interval_s=0.2, timeout_s=2, failures=2),
+        restarts=Restarts(max_restarts=max_restarts, backoff_s=0.05), **fleet)
+    return RolloutManager(source, RolloutOptions(
+        {"temperature": 1.0, "max_new_tokens": max_new_tokens}, n_samples, concurrency,
+        layout=MoELayout.from_model(MODEL), partial_rollout=partial))
 
 
 def prompts(n):
@@ -250,7 +253,7 @@ def test_health_failures_remove_and_restart_an_engine():
     async def go():
         backend = StandinBackend()
         async with make_manager(backend=backend) as mgr:
-            mgr.engines["s-0"].fail_health = True  # after admission: start-up is never probed
+            mgr.source.engines["s-0"].fail_health = True  # after admission: start-up is never probed
             for _ in range(100):
                 if mgr.count(EngineEvent.DEAD):
                     break
@@ -343,15 +346,15 @@ def test_bad_routed_payload_fails_only_that_sample():
     async def go():
         mgr = make_manager()
         async with mgr:
-            orig = mgr.dispatcher._post
+            orig = mgr.client.generate
 
-            async def corrupt(slot, body):
-                status, out = await orig(slot, body)
+            async def corrupt(engine, body, timeout_s):
+                out = await orig(engine, body, timeout_s)
                 if body["rid"].startswith(f"{mgr.run_id}-g0/0#"):
                     out["meta_info"]["routed_experts"] = "AAAA"  # too short
-                return status, out
+                return out
 
-            mgr.dispatcher._post = corrupt
+            mgr.client.generate = corrupt
             stream = GroupStream(10)
             res = await mgr.rollout(prompts(3), stream, batch_size=3)
             await stream.close()
@@ -374,7 +377,7 @@ def test_weight_version_hook_gates_readmission():
         backend = StandinBackend()
         async with make_manager(backend=backend, weight_sync_hook=hook) as mgr:
             mgr.set_weight_version("v7")  # the stand-in keeps reporting "default"
-            mgr.engines["s-0"].kill()
+            mgr.source.engines["s-0"].kill()
             for _ in range(100):
                 if mgr.count(EngineEvent.GIVEN_UP):
                     break
@@ -456,7 +459,7 @@ def test_every_engine_given_up_fails_the_rollout_at_once_naming_engines_and_caus
     mgr, msg, waited = asyncio.run(go())
     assert msg.startswith("every engine is lost: s-0: cannot place s-0: no free CPU; s-1: cannot place s-1")
     assert "\n" not in msg and waited < 10
-    assert mgr.restart_failures == {"s-0": 2, "s-1": 2}   # every failed restart counted
+    assert mgr.source.restart_failures == {"s-0": 2, "s-1": 2}   # every failed restart counted
     fails = [e.detail for e in mgr.events if e.kind == EngineEvent.RESTART_FAILED]
     assert fails.count("restart 1: cannot place s-0: no free CPU") == 1 and len(fails) == 4
     assert mgr.count(EngineEvent.ALL_LOST) == 1
@@ -503,6 +506,6 @@ def test_long_runs_keep_bounded_memory():
     assert len(s.delivered) == 4 and len(s.samples) <= 32 and s.duplicates == 1
     mgr = make_manager(max_events=5)
     for i in range(12):
-        mgr.log("s-0", EngineEvent.DEAD, str(i))
+        mgr.source.events.log("s-0", EngineEvent.DEAD, str(i))
     assert len(mgr.events) == 5 and [e.detail for e in mgr.events_since(10)] == ["10", "11"]
     assert HealthMonitor(None, None, 1, 1, history=3).history.maxlen == 3

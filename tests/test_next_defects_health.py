@@ -11,12 +11,12 @@ The real engine run is `test_next_defects_health_engine.py`.
 import asyncio
 import time
 
-import aiohttp
 import pytest
 from aiohttp import web
 from support.fake_sglang import FakeSGLang
 
 from support.engines import RemoteEngine
+from rollout.engines.client import EngineClient
 from rollout.engines.health import NO_ANSWER, HealthMonitor, http_probe
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
                               handler_cancellation=False).serve()  # SGLang's handler outlives its client
     url = server.url
     try:
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 0.2), lambda e, r: asyncio.sleep(0), interval_s=0.1, failures=1000,
                               alive_poll_s=0.02, server_window_s=server_window_s)
             m.watch(RemoteEngine(url))
@@ -83,7 +83,7 @@ def test_answered_probe_does_not_hold():
     """A 503 or 200 ended SGLang's handler: the next probe follows at the interval."""
     async def go():
         server = await FakeSGLang().serve()   # /health_generate answers 200 at once
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             m = HealthMonitor(http_probe(s, 5), lambda e, r: asyncio.sleep(0), interval_s=0.05, failures=3,
                               alive_poll_s=0.01, server_window_s=30)
             m.watch(RemoteEngine(server.url))
@@ -103,11 +103,11 @@ def test_manager_passes_the_engines_health_window():
     """The monitor's server window is the largest SGLANG_HEALTH_CHECK_TIMEOUT an engine group sets (else 20 s)."""
     from types import SimpleNamespace
 
-    from rollout.manager import RolloutManager
+    from rollout.engines.fleet import ManagedFleet
 
-    def mgr(*envs):
-        specs = {f"e{i}": SimpleNamespace(group=SimpleNamespace(env=env)) for i, env in enumerate(envs)}
-        return SimpleNamespace(specs=specs)
+    def fleet(*envs):
+        specs = [SimpleNamespace(name=f"e{i}", group=SimpleNamespace(env=env)) for i, env in enumerate(envs)]
+        return ManagedFleet(specs, None, None, None)
 
-    assert RolloutManager._server_health_window(mgr({}, {})) == 20.0
-    assert RolloutManager._server_health_window(mgr({"SGLANG_HEALTH_CHECK_TIMEOUT": "45"}, {})) == 45.0
+    assert fleet({}, {})._server_health_window() == 20.0
+    assert fleet({"SGLANG_HEALTH_CHECK_TIMEOUT": "45"}, {})._server_health_window() == 45.0

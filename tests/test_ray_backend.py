@@ -55,7 +55,7 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
     async def go():
         await mgr.start()
         try:
-            first = mgr.engines["tiny-0"]
+            first = mgr.source.engines["tiny-0"]
             engines_seen.append(first)
             assert first.backend == "ray" and first.alive()
             # stream across processes: bounded Ray queue actor, a reader in another process
@@ -78,7 +78,7 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
             assert time.monotonic() - t_kill < 3.0
             while not mgr.count(EngineEvent.READMITTED):
                 await asyncio.sleep(0.5)
-            second = mgr.engines["tiny-0"]
+            second = mgr.source.engines["tiny-0"]
             engines_seen.append(second)
             assert second is not first and second.alive()
             stream = GroupStream(8)

@@ -14,9 +14,9 @@ import sys
 import time
 
 if __name__ != "__main__":
-    import aiohttp
     import pytest
 
+    from rollout.engines.client import EngineClient
     from rollout.config import EngineSpec
     from rollout.engines.base import EngineStartError
     from rollout.engines.health import HealthMonitor
@@ -72,6 +72,10 @@ def _serve(mode: str, port: int) -> None:
         body = await request.json()
         rank = body.get("routed_dp_rank")
         print(f"generate dp_rank={rank}", flush=True)
+        if mode == "auth-generate":   # a key checked only on /generate
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        if mode == "busy-500":        # a server error whose text happens to hold " 401 "
+            return web.json_response({"error": "scheduler busy: 401 requests queued"}, status=500)
         if rank is not None and rank >= 2:  # the recorded answer to an out-of-range rank
             return web.json_response(json.loads(_fact("dp-attn")["out_of_range"]["text"]), status=400)
         served = 0 if mode == "one-rank" else rank  # one-rank: routing ignored, rank 0 serves all
@@ -108,7 +112,7 @@ BUDGETS = ReadinessBudgets(process_s=2, http_s=3, server_up_s=2, health_generate
 
 
 async def _ready(engine, budgets=BUDGETS):
-    async with aiohttp.ClientSession() as s:
+    async with EngineClient() as s:
         return await wait_ready(engine, budgets, s)
 
 
@@ -196,6 +200,25 @@ def test_wrong_api_key_is_named_at_once(tmp_path):
         _run(eng)
     assert "API key rejected" in str(ei.value) and "phase 'HTTP up'" in str(ei.value)
     assert time.monotonic() - t0 < 3
+
+
+def test_key_rejected_on_the_probe_is_named_at_once(tmp_path):
+    """A key checked only on /generate: the DP probe's 401 is the client's `ApiKeyRejected`, named at once."""
+    eng = _backend(tmp_path, "auth-generate").start(_spec(free_port()))
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    assert "phase 'one-token probe on every DP rank'" in str(ei.value) and "not reached within" not in str(ei.value)
+    assert "API key rejected by the server (HTTP 401" in str(ei.value)
+
+
+def test_a_server_error_mentioning_401_is_not_a_rejected_key(tmp_path):
+    """A rejected key is told by the answer's status, never by searching error text for " 401 ": a 500
+    whose body holds " 401 " is waited out as the server error it is."""
+    eng = _backend(tmp_path, "busy-500").start(_spec(free_port()))
+    with pytest.raises(ReadinessError) as ei:
+        _run(eng)
+    assert "API key rejected" not in str(ei.value), str(ei.value)
+    assert "not reached within 2 s (last: DP rank 0: HTTP 500" in str(ei.value)
 
 
 def test_port_already_taken(tmp_path):

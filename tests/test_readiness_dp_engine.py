@@ -9,15 +9,15 @@ import json
 import os
 import time
 
-import aiohttp
 import pytest
 
+from rollout.engines.client import EngineClient
 from rollout import config as rconfig
 from rollout.cli.engine import model_for
 from rollout.engines.local_backend import LocalBackend
 from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
-from rollout.net import auth_headers, free_port
+from rollout.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,11 +42,9 @@ def ready_engine(tmp_path_factory):
     eng = LocalBackend(str(tmp_path_factory.mktemp("dp-engine"))).start(spec)
 
     async def go():
-        async with aiohttp.ClientSession() as s:
+        async with EngineClient() as s:
             info = await wait_ready(eng, cfg.rollout.budgets, s)
-            async with s.get(eng.url + "/server_info", headers=auth_headers(spec.api_key),
-                             timeout=aiohttp.ClientTimeout(total=60)) as r:
-                return info, await r.json()
+            return info, await s.server_info(eng, 60)
 
     try:
         yield eng, asyncio.run(go())

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rollout.engines.client import EngineClient
 from rollout.dispatch import Dispatcher
 from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts
 from rollout.routed_experts.retraction import retraction_reason
@@ -65,7 +66,6 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
     next attempt; a retracted answer under a newer version fails the sample, a retraction alone does not."""
     import asyncio
 
-    import aiohttp
     from aiohttp import web
     from support.fake_sglang import FakeSGLang
 
@@ -79,7 +79,7 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
         server = await FakeSGLang({"/generate": generate}, shutdown_timeout=0.5).serve()
         runner, port = server.runner, server.port
         try:
-            async with aiohttp.ClientSession() as session:
+            async with EngineClient() as session:
                 d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, layout=LAY)
                 await d.admit(SimpleNamespace(name="e", url=f"http://127.0.0.1:{port}", api_key=None), "v1")
                 out = [await d.run(Sample(f"g/{i}", "g", i, [1, 2])) for i in range(3)]

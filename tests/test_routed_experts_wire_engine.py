@@ -89,22 +89,19 @@ def test_compact_rows_equal_int32_rows(engine_pool, tiny_match_model):
 def test_manager_asks_compact_after_its_probe(engine_pool, tiny_match_model):
     from support.engines import preset
 
-    from rollout.manager import RolloutManager
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.types import Endpoint, Sample
 
     eng = engine_pool.get("b", preset("b", tiny_match_model))
 
     async def run(force_int32):
-        mgr = RolloutManager([], None, budgets=None, health=None, sampling={"max_new_tokens": 8, "temperature": 0},
-                             n_samples=1, concurrency=2, layout=LAY)
-        await mgr.attach([Endpoint("e0", eng.url, eng.api_key)])
-        try:
+        mgr = RolloutManager(engine_source(endpoints=[Endpoint("e0", eng.url, eng.api_key)]),
+                             RolloutOptions({"max_new_tokens": 8, "temperature": 0}, 1, 2, layout=LAY))
+        async with mgr:
             if force_int32:
                 mgr.dispatcher.slots["e0"].compact = False
             s = await mgr.generate(Sample("g/0", "g", 0, PROMPTS[1]))
             return mgr.routed_formats["e0"], s
-        finally:
-            await mgr.session.close()
     fmt, s = asyncio.run(run(False))
     _, ref = asyncio.run(run(True))
     assert fmt == "routed experts: compact" and s.error is None and ref.error is None

@@ -96,6 +96,28 @@ def _verdict(capsys, records, fraction, written=2, lost=None):
     return rc, capsys.readouterr().err
 
 
+def test_summary_counts_deaths_and_failed_restarts_of_the_fleet(capsys):
+    """The summary reads a real manager over a managed fleet (its events and failed-restart count)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from rollout.cli.run_report import Tally, verdict
+    from rollout.engines.fleet import ManagedFleet
+    from rollout.manager import RolloutManager, RolloutOptions, RolloutResult
+    from rollout.types import EngineEvent
+
+    fleet = ManagedFleet([SimpleNamespace(name="tiny-0")], None, None, None)
+    fleet.events.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL")
+    fleet.restart_failures["tiny-0"] += 2
+    mgr = RolloutManager(fleet, RolloutOptions({}, 1, 1))
+    args = SimpleNamespace(max_failed_fraction=0.0, output="o.jsonl")
+    rc = verdict(Console(stderr=True, width=200), mgr, RolloutResult(delivered=2, wall_s=1.0),
+                 None, Tally(samples=2), {"num_groups": 2, "run_id": "r"}, 2, args, 0.0, 1.0)
+    err = capsys.readouterr().err
+    assert rc == 0 and "1 / 0 (2 failed restarts)" in err
+
+
 def test_exit_1_when_more_than_the_failed_fraction_failed(capsys):
     recs = {"samples": 4, "failed": 1, "reasons": {"routed experts: 3 rows, expected 5": 1}}
     rc, err = _verdict(capsys, recs, 0.0)

@@ -151,10 +151,11 @@ def _StandInManager(names):
     """A real RolloutManager that starts nothing (its events are what serve supervises); stop() is recorded."""
     from types import SimpleNamespace
 
-    from rollout.manager import RolloutManager
+    from rollout.engines.fleet import ManagedFleet
+    from rollout.manager import RolloutManager, RolloutOptions
 
-    mgr = RolloutManager([SimpleNamespace(name=n) for n in names], None, budgets=None, health=None,
-                         sampling={}, n_samples=1, concurrency=1)
+    fleet = ManagedFleet([SimpleNamespace(name=n) for n in names], None, None, None)
+    mgr = RolloutManager(fleet, RolloutOptions({}, 1, 1))
     mgr.stopped = False
 
     async def stop():
@@ -177,8 +178,9 @@ def test_supervise_reports_events_and_stops_on_signal(capsys):
         mgr, stop = _StandInManager(["tiny-0", "tiny-1"]), asyncio.Event()
         task = asyncio.create_task(_supervise(mgr, stop, Console(stderr=True)))
         await asyncio.sleep(0.1)   # start-up events (before supervising) are not repeated
-        mgr.log("tiny-0", EngineEvent.DEAD, "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
-        mgr.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
+        mgr.source.events.log("tiny-0", EngineEvent.DEAD,
+                              "process killed by signal SIGKILL; 2 in-flight request(s) re-sent")
+        mgr.source.events.log("tiny-0", EngineEvent.READMITTED, "restart 1 passed every readiness phase")
         await asyncio.sleep(0.7)
         stop.set()
         return await task, mgr
@@ -202,10 +204,10 @@ def test_supervise_exits_1_when_every_engine_is_given_up(capsys):
         mgr = _StandInManager(["tiny-0"])
         task = asyncio.create_task(_supervise(mgr, asyncio.Event(), Console(stderr=True)))
         await asyncio.sleep(0.1)
-        mgr.log("tiny-0", EngineEvent.GIVEN_UP, "3 restart(s) failed (last: HTTP up not reached)")
+        mgr.source.events.log("tiny-0", EngineEvent.GIVEN_UP, "3 restart(s) failed (last: HTTP up not reached)")
         await asyncio.sleep(0.7)
         assert not task.done()  # giving up one engine is not the verdict: the manager's ALL_LOST is
-        mgr.log("tiny-0", EngineEvent.ALL_LOST, "every engine is lost: tiny-0: HTTP up not reached")
+        mgr.source.events.log("tiny-0", EngineEvent.ALL_LOST, "every engine is lost: tiny-0: HTTP up not reached")
         return await asyncio.wait_for(task, 5), mgr
 
     rc, mgr = asyncio.run(go())
@@ -221,6 +223,6 @@ def test_served_addrs_are_node0_urls_in_config_order():
 
     from rollout.cli.serve import served_addrs
 
-    mgr = NS(specs={"e0": None, "e1": None},   # config order; engines came up in the other order
-             engines={"e1": NS(url="http://10.0.0.7:30010"), "e0": NS(url="http://10.0.0.5:30000")})
-    assert served_addrs(mgr) == "10.0.0.5:30000 10.0.0.7:30010"
+    fleet = NS(specs={"e0": None, "e1": None},   # config order; engines came up in the other order
+               engines={"e1": NS(url="http://10.0.0.7:30010"), "e0": NS(url="http://10.0.0.5:30000")})
+    assert served_addrs(fleet) == "10.0.0.5:30000 10.0.0.7:30010"

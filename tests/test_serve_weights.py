@@ -9,9 +9,8 @@ import pytest
 from support.engines import preset
 
 from rollout.cli.serve_weights import WeightGuard
-from rollout.manager import RolloutManager
+from rollout.manager import RolloutManager, RolloutOptions, engine_source
 from rollout.slime.attach import Endpoint
-from training_configs.schema import HealthConfig, ReadinessBudgets
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,12 +27,10 @@ def test_restarted_engine_stays_paused_until_its_weights_match(engine_pool, tiny
     said = []
 
     async def scenario():
-        mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(),
-                             sampling={"max_new_tokens": 2}, n_samples=1, concurrency=1)
-        await mgr.attach([Endpoint("e0", eng.url, "")])
-        guard = WeightGuard(None, said.append, poll_s=0.2)
-        guard.mgr = mgr
-        tracker = asyncio.create_task(guard.track())
+        mgr = await RolloutManager(engine_source(endpoints=[Endpoint("e0", eng.url, "")]),
+                                   RolloutOptions({"max_new_tokens": 2}, 1, 1)).start()
+        guard = WeightGuard(mgr.client, None, said.append, poll_s=0.2)
+        tracker = asyncio.create_task(guard.track(mgr))
         await asyncio.sleep(1.0)
         base = mgr.weight_version
         assert base is not None                          # tracked from the live engine's /model_info
@@ -50,7 +47,7 @@ def test_restarted_engine_stays_paused_until_its_weights_match(engine_pool, tiny
         await asyncio.wait_for(hook, 30)
         assert "resumed" in said[-1]
         out = await asyncio.wait_for(gen, 120) if not gen.done() else gen.result()
-        await mgr.session.close()
+        await mgr.stop()
         return base, paused_answer, out
 
     base, paused_answer, out = asyncio.run(scenario())

@@ -141,8 +141,7 @@ def _launch(args) -> int:
     tree = engine.tree_pids()
     try:
         print_report(engine, ready)
-        if args.prompt:
-            _sample(engine, args.prompt, args.max_new_tokens)
+        failed = bool(args.prompt) and not _sample(engine, args.prompt, args.max_new_tokens)
         if args.serve:
             where = f" (API key in the 0600 file {engine.procs[0].secret_path})" if spec.api_key else ""
             print(f"serving at {engine.url}{where}; Ctrl-C stops it", flush=True)
@@ -151,7 +150,7 @@ def _launch(args) -> int:
     finally:
         engine.stop()
         print(f"stopped; processes left: {alive_pids(tree) or 'none'}")
-    return 0
+    return 1 if failed else 0
 
 
 def log_text(engine) -> str:
@@ -191,17 +190,26 @@ def print_report(engine, ready) -> None:
         print(f"  {pid:>8}  {name:<24} {b / 2**30:.2f} GiB")
 
 
-def _sample(engine, prompt: str, n: int) -> None:
-    import requests
+def _sample(engine, prompt: str, n: int) -> bool:
+    """One greedy request, its answer printed; False (and one line) when the engine did not answer it."""
+    import asyncio
 
-    from rollout.net import auth_headers
+    from rollout.engines.client import EngineClient
+    from rollout.errors import EngineError
+
+    async def one() -> dict:
+        async with EngineClient() as client:
+            return await client.generate(engine, body, timeout_s=600)
 
     t0 = time.time()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0},
             "return_routed_experts": engine.spec.group.routed_experts}
-    r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
-    r.raise_for_status()
-    out = r.json()
+    try:
+        out = asyncio.run(one())
+    except EngineError as e:
+        print(f"generate: failed: {e}")
+        return False
     meta = out.get("meta_info", {})
     extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
+    return True

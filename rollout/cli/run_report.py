@@ -68,7 +68,7 @@ def _summary(console, mgr, result, tally: Tally, n, written, t_ready, wall, outp
         ("re-sent requests", f"{result.resent} (+{result.unrouted_aborts} queued aborts resumed)"),
         ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(tally.per_engine.items())) or "-"),
         ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
-                                     f" ({sum(mgr.restart_failures.values())} failed restarts)"),
+                                     f" ({sum(mgr.source.restart_failures.values())} failed restarts)"),
         ("total time", f"{wall:.1f} s"),
         ("output", output),
     ]

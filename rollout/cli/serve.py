@@ -67,6 +67,7 @@ def _write_key(log_dir: str, key: str) -> str:
 async def _serve(cfg, model_path: str, args) -> int:
     from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.engines.base import EngineStartError
+    from rollout.engines.client import EngineClient
     from rollout.engines.readiness import LineView, ReadinessError, RichView
     from rollout.manager import RolloutManager
     from rollout.cli.run import _backend
@@ -80,10 +81,12 @@ async def _serve(cfg, model_path: str, args) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     progress = progress_bar(console)
-    guard = WeightGuard(cfg.rollout.restart_checkpoint, lambda text: _say(console, text))
-    mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path,
-                                     view=RichView(progress), weight_sync_hook=guard.hook)
-    guard.mgr = mgr
+    client = EngineClient()
+    guard = WeightGuard(client, cfg.rollout.restart_checkpoint, lambda text: _say(console, text))
+    mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path, client=client,
+                                     view=RichView(progress), weight_sync_hook=guard.hook,
+                                     restart_view=LineView(lambda text: _say(console, text)))  # a line per phase
+    fleet = mgr.source
     t0 = time.monotonic()
     with progress:
         starting = asyncio.create_task(mgr.start())
@@ -106,8 +109,7 @@ async def _serve(cfg, model_path: str, args) -> int:
             if not isinstance(err, (ReadinessError, EngineStartError)):
                 raise err
             return start_failure(console, err)
-    mgr.view = LineView(lambda text: _say(console, text))  # restarted engines: a line per phase
-    addrs = served_addrs(mgr)
+    addrs = served_addrs(fleet)
     print(addrs, flush=True)
     if cfg.rollout.engine_auth == "none":
         key_note = f"no API key, bound to {cfg.rollout.host}"
@@ -116,21 +118,21 @@ async def _serve(cfg, model_path: str, args) -> int:
     elif cfg.rollout.api_key:
         key_note = "api key from rollout.api_key"
     else:
-        key = next(iter(mgr.specs.values())).api_key
+        key = next(iter(fleet.specs.values())).api_key
         key_note = f"generated api key in {_write_key(args.log_dir, key)}"
-    _say(console, f"ready: {len(mgr.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
+    _say(console, f"ready: {len(fleet.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
                   f"slime: --rollout-external-engine-addrs {addrs}; "
                   f"supervising until SIGINT/SIGTERM")
-    tracker = asyncio.create_task(guard.track())
+    tracker = asyncio.create_task(guard.track(mgr))
     try:
         return await _supervise(mgr, stop, console)
     finally:
         tracker.cancel()
 
 
-def served_addrs(mgr) -> str:
+def served_addrs(fleet) -> str:
     """`host:port` of every engine's HTTP server (node 0), in config order."""
-    return " ".join(mgr.engines[name].url.split("://", 1)[-1].rstrip("/") for name in mgr.specs)
+    return " ".join(fleet.engines[name].url.split("://", 1)[-1].rstrip("/") for name in fleet.specs)
 
 
 async def _supervise(mgr, stop: asyncio.Event, console) -> int:

@@ -13,50 +13,46 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Optional
 
-import aiohttp
-
-from rollout.net import auth_headers
+from rollout.errors import EngineError
 
 
 class WeightGuard:
-    def __init__(self, checkpoint, say, poll_s: float = 2.0):
-        self.checkpoint, self.say, self.poll_s = checkpoint, say, poll_s
-        self.mgr = None
+    """`hook` is the fleet's weight_sync_hook; `track(mgr)` keeps the expected version (`expected`) current."""
 
-    async def _post(self, engine, path: str, body: dict, timeout_s: float = 600.0) -> None:
-        async with self.mgr.session.post(engine.url + path, json=body, headers=auth_headers(engine.api_key),
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if r.status != 200:
-                raise RuntimeError(f"{engine.name}: {path} answered HTTP {r.status}: {(await r.text())[:160]}")
+    def __init__(self, client, checkpoint, say, poll_s: float = 2.0):
+        self.client, self.checkpoint, self.say, self.poll_s = client, checkpoint, say, poll_s
+        self.expected: Optional[str] = None
 
-    async def track(self) -> None:
+    async def track(self, mgr) -> None:
         """Forever: the version most live engines report becomes the version a restarted engine must match."""
         while True:
             versions = []
-            for slot in list(self.mgr.dispatcher.slots.values()):
+            for slot in list(mgr.dispatcher.slots.values()):
                 try:
-                    versions.append(await self.mgr.engine_weight_version(slot.engine))
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                    versions.append(await self.client.weight_version(slot.engine))
+                except EngineError:
                     pass
             if versions:
-                self.mgr.set_weight_version(Counter(versions).most_common(1)[0][0])
+                self.expected = Counter(versions).most_common(1)[0][0]
+                mgr.set_weight_version(self.expected)
             await asyncio.sleep(self.poll_s)
 
     async def hook(self, engine, expected: str) -> None:
-        """The manager's weight_sync_hook for a restarted engine reporting another version than `expected`."""
+        """For a restarted engine reporting another version than `expected` (then whatever `track` sees)."""
+        self.expected = expected
         if self.checkpoint:
-            await self._post(engine, "/update_weights_from_disk",
-                             {"model_path": self.checkpoint, "weight_version": expected})
-        version = await self.mgr.engine_weight_version(engine)
-        if version == self.mgr.weight_version:
+            await self.client.update_weights_from_disk(engine, self.checkpoint, expected)
+        version = await self.client.weight_version(engine)
+        if version == self.expected:
             return
-        await self._post(engine, "/pause_generation", {"mode": "abort"})
+        await self.client.pause_generation(engine, "abort")
         self.say(f"{engine.name}: restarted with weight_version {version!r} but its peers serve "
-                 f"{self.mgr.weight_version!r}: PAUSED, it generates nothing for slime until they match "
+                 f"{self.expected!r}: PAUSED, it generates nothing for slime until they match "
                  "(set rollout.restart_checkpoint, or update its weights)")
-        while version != self.mgr.weight_version:
+        while version != self.expected:
             await asyncio.sleep(self.poll_s)
-            version = await self.mgr.engine_weight_version(engine)
-        await self._post(engine, "/continue_generation", {})
+            version = await self.client.weight_version(engine)
+        await self.client.continue_generation(engine)
         self.say(f"{engine.name}: weight_version {version!r} matches its peers: resumed")

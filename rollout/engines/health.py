@@ -29,9 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
-import aiohttp
-
-from rollout.net import auth_headers
+from rollout.engines.client import EngineClient
+from rollout.errors import EngineError, EngineRejected, EngineUnreachable
 
 Probe = Callable[[object], Awaitable[Optional[str]]]  # raises = failed; returns a detail or None = ok
 OnDead = Callable[[object, str], Awaitable[None]]
@@ -40,22 +39,25 @@ SGLANG_HEALTH_WINDOW_S = 20.0  # its default
 NO_ANSWER = "no answer"  # a probe's detail: client timeout or connection error, SGLang may still hold it
 
 
-def http_probe(session: aiohttp.ClientSession, timeout_s: float, busy_budget_s: float = 300.0) -> Probe:
+class ProbeFailed(Exception):
+    """One health probe failed: the engine neither answered 200 nor showed progress."""
+
+
+def http_probe(client: EngineClient, timeout_s: float, busy_budget_s: float = 300.0) -> Probe:
     """GET /health_generate. 200: healthy. Otherwise the probe passes as "busy ..." when the engine
     made progress meanwhile (see module doc), and fails (raises) when it did not."""
     last_snapshot: dict[str, tuple] = {}  # engine -> (snapshot, monotonic time it last changed)
 
     async def probe(engine) -> str | None:
-        before = await progress_mark(session, engine, timeout_s)
+        before = await progress_mark(client, engine, timeout_s)
         try:
-            async with session.get(engine.url + "/health_generate", headers=auth_headers(engine.api_key),
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                if r.status == 200:
-                    return None
-                failure = f"HTTP {r.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            failure = f"{NO_ANSWER}: {str(e) or type(e).__name__}"
-        after = await progress_mark(session, engine, timeout_s)
+            await client.health_generate(engine, timeout_s)
+            return None
+        except EngineRejected as e:
+            failure = f"HTTP {e.status}"
+        except EngineUnreachable as e:
+            failure = f"{NO_ANSWER}: {str(e.cause) or type(e.cause).__name__}"
+        after = await progress_mark(client, engine, timeout_s)
         now = time.monotonic()
         seen, changed_at = last_snapshot.get(engine.name, (before.snapshot, now))
         if after.snapshot is not None and after.snapshot != seen:
@@ -68,7 +70,7 @@ def http_probe(session: aiohttp.ClientSession, timeout_s: float, busy_budget_s: 
             return (f"busy ({failure}; scheduler used {after.cpu_s - before.cpu_s:.1f} s CPU, "
                     f"no scheduler iteration for {now - changed_at:.0f} s)")
         why = "scheduler stopped" if after.stopped else "no progress during the probe"
-        raise RuntimeError(f"{failure}; {why}")
+        raise ProbeFailed(f"{failure}; {why}")
 
     return probe
 
@@ -80,16 +82,12 @@ class Progress:
     stopped: bool = False  # a local scheduler process is stopped (SIGSTOP) or a zombie
 
 
-async def progress_mark(session: aiohttp.ClientSession, engine, timeout_s: float) -> Progress:
+async def progress_mark(client: EngineClient, engine, timeout_s: float) -> Progress:
     snapshot = None
     try:
-        async with session.get(engine.url + "/v1/loads", params={"include": "core"},
-                               headers=auth_headers(engine.api_key),
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if r.status == 200:
-                loads = (await r.json()).get("loads") or []
-                snapshot = tuple(tuple(ld.get(k) for k in LOAD_KEYS) for ld in loads) or None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        loads = await client.loads(engine, timeout_s)
+        snapshot = tuple(tuple(ld.get(k) for k in LOAD_KEYS) for ld in loads) or None
+    except (EngineError, AttributeError):
         pass
     cpu_s, stopped = scheduler_cpu(engine)
     return Progress(snapshot, cpu_s, stopped)

@@ -8,7 +8,7 @@ import time
 from rollout.config import EngineSpec
 from rollout.engines.base import Command, EngineStartError, describe_exit, log_name, node_commands
 from rollout.engines.command import spec_commands
-from rollout.engines.process import ServerProcess, clear_stale, read_tail
+from rollout.engines.process import PortTaken, ServerProcess, clear_stale, read_tail
 
 
 class LocalEngine:
@@ -74,7 +74,7 @@ class LocalBackend:
     def start(self, spec: EngineSpec) -> LocalEngine:
         try:
             notes = clear_stale(spec.host, spec.port)
-        except RuntimeError as e:
+        except PortTaken as e:
             raise EngineStartError(str(e)) from None
         for n in notes:
             print(f"{spec.name}: {n}", file=sys.stderr, flush=True)

@@ -61,6 +61,10 @@ def _die_with_parent():
         pass
 
 
+class PortTaken(Exception):
+    """An engine's port is held by a process that is not a stale engine of ours."""
+
+
 class _Spawner:
     """One daemon thread that lives as long as the process and runs every Popen."""
 
@@ -308,5 +312,5 @@ def clear_stale(host: str, port: int, ports: int = PORTS_PER_ENGINE) -> list[str
                         break
                 except (psutil.Error, OSError):
                     continue
-            raise RuntimeError(f"port {q} on {host} is already taken{holder}")
+            raise PortTaken(f"port {q} on {host} is already taken{holder}")
     return notes

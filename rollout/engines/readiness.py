@@ -13,15 +13,12 @@ the phase, its budget and the cause, with the last lines of the engine's log att
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import aiohttp
-
-from rollout.errors import short_error
-from rollout.net import auth_headers
+from rollout.engines.client import EngineClient
+from rollout.errors import ApiKeyRejected, EngineRejected, EngineUnreachable, short_error
 
 POLL_S = 0.2
 
@@ -53,8 +50,12 @@ class _Dead(Exception):
     pass
 
 
-class WrongRank(RuntimeError):
+class WrongRank(Exception):
     """A probe pinned to one DP rank came back from another."""
+
+
+class NoToken(Exception):
+    """A probe pinned to one DP rank came back without a token (the rank is not serving yet)."""
 
 
 @dataclass
@@ -135,8 +136,8 @@ def start_ready(backend, spec, budgets, view=None) -> tuple:
     engine = backend.start(spec)
 
     async def wait():
-        async with aiohttp.ClientSession() as session:
-            return await wait_ready(engine, budgets, session, view)
+        async with EngineClient() as client:
+            return await wait_ready(engine, budgets, client, view)
 
     try:
         return engine, asyncio.run(wait())
@@ -162,36 +163,28 @@ async def _guard(engine, coro, deadline: float):
             task.cancel()
 
 
-async def _get(session, engine, path, deadline):
-    """GET with the API key (every call carries it, even where SGLang does not ask for it)."""
-    timeout = aiohttp.ClientTimeout(total=max(0.1, deadline - time.monotonic()))
-    async with session.get(engine.url + path, headers=auth_headers(engine.api_key), timeout=timeout) as r:
-        body = await r.read()
-        return r.status, body
+def _left(deadline: float) -> float:
+    return max(0.1, deadline - time.monotonic())
 
 
-async def probe_dp_rank(session, engine, rank: Optional[int], timeout_s: float, token_id: int = 1) -> Optional[int]:
+async def probe_dp_rank(client: EngineClient, engine, rank: Optional[int], timeout_s: float,
+                        token_id: int = 1) -> Optional[int]:
     """A one-token greedy /generate pinned to one DP rank; raises on anything but a token back from
     that rank. Returns the rank the answer names (`meta_info.dp_rank`; None when it names none)."""
     payload = {"input_ids": [token_id], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
     if rank is not None:
         payload["routed_dp_rank"] = rank
-    async with session.post(engine.url + "/generate", json=payload, headers=auth_headers(engine.api_key),
-                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-        if r.status != 200:
-            text = (await r.text())[:200].replace("\n", " ")
-            raise RuntimeError(f"DP rank {rank}: HTTP {r.status} {text}")
-        out = await r.json()
+    out = await client.generate(engine, payload, timeout_s=timeout_s)
     meta = out.get("meta_info", {})
     if not meta.get("completion_tokens", 0) >= 1:
-        raise RuntimeError(f"DP rank {rank}: no token generated")
+        raise NoToken(f"DP rank {rank}: no token generated")
     served = meta.get("dp_rank")
     if rank is not None and served is not None and int(served) != rank:
         raise WrongRank(f"DP rank {rank}: the probe was served by DP rank {served}")
     return served
 
 
-async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
+async def wait_ready(engine, budgets, client: EngineClient, view=None,
                      dp_size: Optional[int] = None) -> ReadyInfo:
     """Run every phase for one engine; returns ReadyInfo or raises ReadinessError."""
     view = view or NullView()
@@ -208,11 +201,11 @@ async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
                 if not engine.alive():
                     raise _Dead()
                 try:
-                    ok, last = await _guard(engine, _check(ph.key, session, engine, info, deadline), deadline)
-                except (_Dead, asyncio.TimeoutError, _Fatal):
-                    raise
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    ok, last = False, short_error(e)
+                    ok, last = await _guard(engine, _check(ph.key, client, engine, info, deadline), deadline)
+                except ApiKeyRejected as e:
+                    raise _Fatal(f"API key rejected by the server (HTTP {e.status} on {e.path})") from None
+                except EngineUnreachable as e:
+                    ok, last = False, short_error(e.cause)
                 if ok:
                     break
                 if time.monotonic() + POLL_S >= deadline:
@@ -236,7 +229,7 @@ async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
     return info
 
 
-async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tuple[bool, str]:
+async def _health_hedged(client: EngineClient, engine, deadline, max_inflight: int = 5) -> tuple[bool, str]:
     """/health_generate answers only on SGLang's 1 s ticks after a one-token generation, so a new
     probe starts every POLL_S while earlier ones are pending (at most max_inflight): the first 200 wins."""
     pending: set = set()
@@ -244,17 +237,20 @@ async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tu
     try:
         while True:
             if len(pending) < max_inflight:
-                pending.add(asyncio.ensure_future(_get(session, engine, "/health_generate", deadline)))
+                pending.add(asyncio.ensure_future(client.health_generate(engine, _left(deadline))))
             done, pending = await asyncio.wait(pending, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 try:
-                    status, _ = t.result()
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    last = short_error(e)
+                    t.result()
+                except EngineUnreachable as e:
+                    last = short_error(e.cause)
                     continue
-                if status == 200:
-                    return True, "ok"
-                last = f"HTTP {status} on /health_generate"
+                except ApiKeyRejected:
+                    raise
+                except EngineRejected as e:
+                    last = f"HTTP {e.status} on /health_generate"
+                    continue
+                return True, "ok"
             if time.monotonic() >= deadline:
                 return False, last
             if done:  # answers came back (e.g. 503 while starting): pace the next ones
@@ -264,56 +260,66 @@ async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tu
             t.cancel()
 
 
-async def _read_dp_size(session, engine, info: ReadyInfo, deadline) -> None:
+async def _read_dp_size(client: EngineClient, engine, info: ReadyInfo, deadline) -> None:
     """DP ranks from /server_info (a scheduler round trip, so not on the path to /health_generate);
-    the spec's dp stays when the answer does not parse."""
-    status, body = await _get(session, engine, "/server_info", deadline)
-    if status in (401, 403):
-        raise _Fatal(f"API key rejected by the server (HTTP {status} on /server_info)")
-    if status == 200:
-        try:
-            info.dp_size = dp_ranks(json.loads(body))
-        except (ValueError, TypeError, AttributeError):
-            pass
+    the spec's dp stays when the engine does not answer it usably."""
+    try:
+        info.dp_size = dp_ranks(await client.server_info(engine, _left(deadline)))
+    except ApiKeyRejected:
+        raise
+    except (EngineRejected, ValueError, TypeError, AttributeError):
+        pass
 
 
 class _Fatal(Exception):
     """A phase answer that waiting will not fix (e.g. the API key is rejected)."""
 
 
-async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool, str]:
+async def _check(key, client: EngineClient, engine, info: ReadyInfo, deadline) -> tuple[bool, str]:
     if key == "process":
         return engine.alive(), "process not running"
     if key == "http":
-        status, body = await _get(session, engine, "/model_info", deadline)
-        if status in (401, 403):
-            raise _Fatal(f"API key rejected by the server (HTTP {status} on /model_info)")
-        if status == 200:
-            try:
-                info.weight_version = json.loads(body).get("weight_version")
-            except ValueError:
-                pass
-            return True, "ok"
-        return False, f"HTTP {status} on /model_info"
+        try:
+            info.weight_version = (await client.model_info(engine, _left(deadline))).get("weight_version")
+        except ApiKeyRejected:
+            raise
+        except EngineRejected as e:
+            if e.status == 200:   # up, but no JSON: the weight version stays unknown
+                return True, "ok"
+            return False, f"HTTP {e.status} on /model_info"
+        return True, "ok"
     if key == "server_up":
-        status, _ = await _get(session, engine, "/ready", deadline)
-        if status == 404:   # SGLang 0.5.15.post1 / 0.5.16 have no /ready; their /health_generate answers
-            return True, "no /ready route"   # 503 while the server status is Starting (the next phase)
-        return status == 200, f"HTTP {status} on /ready (server status not Up)"
+        try:
+            await client.ready(engine, _left(deadline))
+        except EngineRejected as e:
+            if e.status == 404:   # SGLang 0.5.15.post1 / 0.5.16 have no /ready; their /health_generate answers
+                return True, "no /ready route"   # 503 while the server status is Starting (the next phase)
+            return False, f"HTTP {e.status} on /ready (server status not Up)"
+        return True, "ok"
     if key == "health_generate":
-        return await _health_hedged(session, engine, deadline)
+        return await _health_hedged(client, engine, deadline)
     if key == "dp_probe":
-        await _read_dp_size(session, engine, info, deadline)
+        await _read_dp_size(client, engine, info, deadline)
         ranks = list(range(info.dp_size))
         left = max(0.5, deadline - time.monotonic())
-        results = await asyncio.gather(*(probe_dp_rank(session, engine, r, left) for r in ranks),
+        results = await asyncio.gather(*(probe_dp_rank(client, engine, r, left) for r in ranks),
                                        return_exceptions=True)
-        bad = [str(r) for r in results if isinstance(r, BaseException)]
-        if any(" 401 " in b or " 403 " in b for b in bad):
-            raise _Fatal(f"API key rejected by the server ({bad[0][:120]})")
+        rejected = [r for r in results if isinstance(r, ApiKeyRejected)]
+        if rejected:
+            raise rejected[0]
+        bad = [_rank_failure(r, rank) for rank, r in zip(ranks, results) if isinstance(r, BaseException)]
         wrong = [str(r) for r in results if isinstance(r, WrongRank)]
         if wrong:
             raise _Fatal("; ".join(wrong)[:200])   # routing is wrong: waiting will not fix it
         info.rank_answers = dict(zip(ranks, results))
         return not bad, "; ".join(bad)[:200] or "ok"
     raise ValueError(key)
+
+
+def _rank_failure(e: BaseException, rank: int) -> str:
+    """Why one rank's probe failed, one short line."""
+    if isinstance(e, EngineRejected):
+        return f"DP rank {rank}: HTTP {e.status} {e.body[:200]}".replace("\n", " ")
+    if isinstance(e, EngineUnreachable):
+        return f"DP rank {rank}: {short_error(e.cause)}"
+    return str(e) if isinstance(e, (NoToken, WrongRank)) else f"DP rank {rank}: {short_error(e)}"

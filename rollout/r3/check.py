@@ -131,16 +131,10 @@ def to_samples(groups) -> tuple:
     return out, notes
 
 
-async def _rollout(mgr, prompts, attach=None) -> list:
+async def _rollout(mgr, prompts) -> list:
     sink = _Sink()
-    if attach is not None:
-        await mgr.attach(attach)
-    else:
-        await mgr.start()
-    try:
+    async with mgr:
         await mgr.rollout(prompts, sink, batch_size=len(prompts))
-    finally:
-        await mgr.stop()
     return sink.groups
 
 
@@ -162,16 +156,15 @@ def rollout_from_url(url: str, model_path: str, prompts: list, sampling: dict, n
     import json
     import os
 
-    from rollout.manager import RolloutManager
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.routed_experts import MoELayout
     from rollout.types import Endpoint
-    from training_configs.schema import HealthConfig, ReadinessBudgets
 
     with open(os.path.join(model_path, "config.json")) as f:
         layout = MoELayout.from_hf_config(json.load(f))
-    mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(), sampling=sampling,
-                         n_samples=n_samples, concurrency=8, layout=layout)
-    return to_samples(asyncio.run(_rollout(mgr, prompts, attach=[Endpoint("url-0", url.rstrip("/"), api_key)])))
+    source = engine_source(endpoints=[Endpoint("url-0", url.rstrip("/"), api_key)])
+    mgr = RolloutManager(source, RolloutOptions(sampling, n_samples, concurrency=8, layout=layout))
+    return to_samples(asyncio.run(_rollout(mgr, prompts)))
 
 
 def run(samples: list, model_path: str, dtype: str, corrupt: Optional[str] = None, notes=()) -> Report:

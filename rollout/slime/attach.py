@@ -87,17 +87,15 @@ async def attach_workers(args):
     manager balances over the workers itself. slime pauses, updates and continues each engine directly
     (`SGLangEngine.pause_generation` etc.), never through the router, so nothing slime expects is skipped.
     """
-    from rollout.manager import RolloutManager
-    from training_configs.schema import HealthConfig, ReadinessBudgets
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
 
     layout = moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
-    sampling, seeds, router = sampling_from_args(args), group_seeds(args), router_url(args)
-    workers = RouterWorkers(router, getattr(args, "sglang_api_key", None))
-    mgr = RolloutManager([], None, budgets=ReadinessBudgets(), health=HealthConfig(), sampling=sampling,
-                         n_samples=int(args.n_samples_per_prompt), layout=layout, seeds=seeds, keep_answers=True,
-                         concurrency=int(getattr(args, "sglang_server_concurrency", 512)),
-                         partial_rollout=bool(getattr(args, "partial_rollout", True)))
-    return await mgr.attach(discover=workers, empty_wait_s=EMPTY_WAIT_S)
+    workers = RouterWorkers(router_url(args), getattr(args, "sglang_api_key", None))
+    options = RolloutOptions(sampling_from_args(args), int(args.n_samples_per_prompt),
+                             int(getattr(args, "sglang_server_concurrency", 512)), layout=layout,
+                             seeds=group_seeds(args), keep_answers=True,
+                             partial_rollout=bool(getattr(args, "partial_rollout", True)))
+    return await RolloutManager(engine_source(discover=workers, empty_wait_s=EMPTY_WAIT_S), options).start()
 
 
 class RouterWorkers:
@@ -111,8 +109,10 @@ class RouterWorkers:
     def __str__(self) -> str:
         return f"slime's router {self.router}"
 
-    async def __call__(self, session) -> tuple:
-        return self.split(await list_workers(session, self.router))
+    async def __call__(self, client) -> tuple:
+        """(endpoints to send to, endpoints to abort on) as the router lists them now; an unreachable router
+        raises `EngineUnreachable` naming it."""
+        return self.split(await client.list_workers(Endpoint(str(self), self.router, None)))
 
     def split(self, workers: list) -> tuple:
         """The router's worker dicts -> (endpoints to send to, endpoints to abort on)."""
@@ -123,15 +123,3 @@ class RouterWorkers:
             send = [self.router]
         return ([Endpoint(u, u, self.api_key) for u in send], [Endpoint(u, u, self.api_key) for u in listed])
 
-
-async def list_workers(session, router: str) -> list:
-    """slime's router's `GET /workers` -> its worker dicts (sglang-router 0.3.x: {"workers": [{"url",
-    "worker_type", "is_healthy", ...}], ...}; older builds: a plain list)."""
-    import aiohttp
-    try:
-        async with session.get(router + "/workers", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            body = await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-        raise RuntimeError(f"slime's router {router} did not list its workers: {type(e).__name__}: {e}") from None
-    items = body.get("workers", []) if isinstance(body, dict) else body
-    return [w if isinstance(w, dict) else {"url": w} for w in items or []]

@@ -1,0 +1,133 @@
+"""The one HTTP client of the engines: every call to an SGLang server (or to slime's router) goes here.
+
+One policy for all: the engine's API key on every call (`net.auth_headers`), a connect timeout of
+`CONNECT_S` and a total timeout per kind of call (`CONTROL_S`, `WEIGHTS_S`, `GENERATE_S`; a caller with a
+deadline passes its own). One answer per call or one typed error saying what the caller may do
+(`rollout.errors`): `EngineUnreachable` (no HTTP answer: retry elsewhere), `ApiKeyRejected` (401/403:
+waiting will not fix it), `EngineRejected` (any other status but 200, with `status` and `body`).
+
+    async with EngineClient() as client:
+        out = await client.generate(engine, body)
+
+`engine` is anything with `.name`, `.url` and `.api_key` (an `Engine`, an `Endpoint`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Optional
+
+import aiohttp
+
+from rollout.errors import ApiKeyRejected, EngineRejected, EngineUnreachable, one_line
+from rollout.net import auth_headers
+
+CONNECT_S = 10.0
+CONTROL_S = 10.0       # status, info, abort, pause/continue, flush
+WEIGHTS_S = 600.0      # a weight update from disk
+GENERATE_S = 3600.0    # one generation (a long response on a loaded engine)
+
+
+class EngineClient:
+    """One pooled HTTP session (opened on first use, on the running loop) for any number of engines."""
+
+    def __init__(self):
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._closed = False
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session; later calls raise `EngineUnreachable` (a task still polling gets no answer)."""
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ConnectionError("the engine client is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def call(self, engine, method: str, path: str, *, json_body=None, params=None,
+                   timeout_s: float = CONTROL_S, as_json: bool = True):
+        """One request; the answer's JSON (or text with `as_json=False`) when it is 200, else a typed error."""
+        timeout = aiohttp.ClientTimeout(total=max(0.1, timeout_s), sock_connect=CONNECT_S)
+        try:
+            async with self._open().request(method, engine.url + path, json=json_body, params=params,
+                                            headers=auth_headers(engine.api_key), timeout=timeout) as r:
+                status, text = r.status, await r.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            raise EngineUnreachable(engine.name, path, e) from None
+        if status in (401, 403):
+            raise ApiKeyRejected(engine.name, path, status, text)
+        if status != 200:
+            raise EngineRejected(engine.name, path, status, text)
+        if not as_json:
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise EngineRejected(engine.name, path, status, f"not JSON: {one_line(text)}") from None
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, engine, body: dict, timeout_s: float = GENERATE_S) -> dict:
+        return await self.call(engine, "POST", "/generate", json_body=body, timeout_s=timeout_s)
+
+    async def abort_all(self, engine) -> None:
+        await self.call(engine, "POST", "/abort_request", json_body={"abort_all": True}, as_json=False)
+
+    # ------------------------------------------------------------------ status
+    async def model_info(self, engine, timeout_s: float = CONTROL_S) -> dict:
+        return await self.call(engine, "GET", "/model_info", timeout_s=timeout_s)
+
+    async def weight_version(self, engine) -> Optional[str]:
+        """The weight version the engine reports (`/model_info`), None when it names none."""
+        return (await self.model_info(engine)).get("weight_version")
+
+    async def server_info(self, engine, timeout_s: float = 30.0) -> dict:
+        return await self.call(engine, "GET", "/server_info", timeout_s=timeout_s)
+
+    async def ready(self, engine, timeout_s: float = CONTROL_S) -> None:
+        """`/ready` 200: the server status is Up (SGLang 0.5.15.post1 / 0.5.16 answer 404: no such route)."""
+        await self.call(engine, "GET", "/ready", timeout_s=timeout_s, as_json=False)
+
+    async def health(self, engine, timeout_s: float = CONTROL_S) -> None:
+        await self.call(engine, "GET", "/health", timeout_s=timeout_s, as_json=False)
+
+    async def health_generate(self, engine, timeout_s: float = CONTROL_S) -> None:
+        """200 after a one-token generation within SGLang's window; raises otherwise."""
+        await self.call(engine, "GET", "/health_generate", timeout_s=timeout_s, as_json=False)
+
+    async def loads(self, engine, timeout_s: float = CONTROL_S) -> list:
+        """The scheduler's `/v1/loads` snapshot, one dict per DP rank."""
+        return (await self.call(engine, "GET", "/v1/loads", params={"include": "core"},
+                                timeout_s=timeout_s)).get("loads") or []
+
+    # ------------------------------------------------------------------ weights and flow control
+    async def update_weights_from_disk(self, engine, model_path: str, weight_version: str) -> None:
+        await self.call(engine, "POST", "/update_weights_from_disk", timeout_s=WEIGHTS_S, as_json=False,
+                        json_body={"model_path": model_path, "weight_version": weight_version})
+
+    async def pause_generation(self, engine, mode: str = "abort") -> None:
+        await self.call(engine, "POST", "/pause_generation", json_body={"mode": mode}, as_json=False)
+
+    async def continue_generation(self, engine) -> None:
+        await self.call(engine, "POST", "/continue_generation", json_body={}, as_json=False)
+
+    async def flush_cache(self, engine) -> None:
+        await self.call(engine, "POST", "/flush_cache", as_json=False)
+
+    # ------------------------------------------------------------------ slime's router
+    async def list_workers(self, router) -> list:
+        """slime's router's `GET /workers` -> its worker dicts (sglang-router 0.3.x: {"workers": [{"url",
+        "worker_type", "is_healthy", ...}], ...}; older builds: a plain list)."""
+        body = await self.call(router, "GET", "/workers")
+        items = body.get("workers", []) if isinstance(body, dict) else body
+        return [w if isinstance(w, dict) else {"url": w} for w in items or []]
