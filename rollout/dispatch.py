@@ -12,7 +12,8 @@ routed experts go through `routed_experts.sample_routed_experts` (decode, valida
 an engine admitted with `compact` is asked for them in the plugin's compact format (either is decoded).
 Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
-per-call `sampling` override of `run`.
+per-call `sampling` override of `run`. With a `Placement` (rollout/placement.py) each sample goes to the
+(engine, DP rank) it places it on, waiting for that engine's free slot, instead of the least-outstanding engine.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import aiohttp
 
 from rollout.net import auth_headers
 from rollout.errors import EngineLost, one_line, short_error
+from rollout.placement import Placement
 from rollout.routed_experts import MoELayout, continuation_start, opt_in, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus
 
@@ -47,7 +49,7 @@ class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession, sampling: dict, capacity: int,
                  layout: Optional[MoELayout] = None, seeds: Optional[list] = None, keep_answers: bool = False,
                  max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None,
-                 backoff_s: float = 0.2, backoff_max_s: float = 5.0):
+                 backoff_s: float = 0.2, backoff_max_s: float = 5.0, placement: Optional[Placement] = None):
         self.session = session
         self.sampling = dict(sampling)
         self.capacity = capacity
@@ -60,7 +62,9 @@ class Dispatcher:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
-        self._waiters: collections.deque = collections.deque()  # futures of samples waiting for a slot, FIFO
+        # futures of samples waiting for a slot, FIFO: per placed engine, or under None for any engine
+        self._waiters: dict[Optional[str], collections.deque] = {}
+        self.placement = placement             # group placement, or None: least-outstanding engine per sample
         self._timer = None             # one wake-up when a suspect slot's pause ends
         self._rid = itertools.count()
         self.resent = 0
@@ -73,8 +77,12 @@ class Dispatcher:
         return self.layout is not None
 
     # ------------------------------------------------------------------ engines
-    async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False) -> None:
-        """`compact`: the engine advertised compact routed experts for this model (asked for per request)."""
+    async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False,
+                    dp_ranks: Optional[int] = None) -> None:
+        """`compact`: the engine advertised compact routed experts for this model (asked for per request);
+        `dp_ranks`: its attention-DP ranks as readiness probed them (placement pins ranks when > 1)."""
+        if self.placement is not None:
+            self.placement.admit(engine.name, dp_ranks)
         async with self._cond:
             slot = self.slots[engine.name] = _Slot(engine, self.capacity)
             slot.version = None if weight_version is None else str(weight_version)
@@ -88,6 +96,9 @@ class Dispatcher:
             if slot is None or slot.engine is not engine:
                 return 0
             del self.slots[engine.name]
+        if self.placement is not None:
+            self.placement.remove(engine.name)
+            self._wake_all()             # samples waiting for it are placed again
         n = 0
         for rid, task in list(slot.inflight.items()):
             if not task.done():
@@ -111,12 +122,13 @@ class Dispatcher:
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
 
-    def _take(self) -> Optional[_Slot]:
-        """The least-outstanding free slot, taken (no await: atomic on the event loop), or None."""
+    def _take(self, name: Optional[str] = None) -> Optional[_Slot]:
+        """The least-outstanding free slot (of engine `name` when given), taken (no await: atomic on the
+        event loop), or None."""
         if self.closed_reason:
             raise RuntimeError(self.closed_reason)
         now, best, paused = time.monotonic(), None, None
-        for s in self.slots.values():
+        for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots else []):
             if s.outstanding >= s.capacity:
                 continue
             if s.suspect_until > now:
@@ -129,15 +141,17 @@ class Dispatcher:
             self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
         return best
 
-    async def _acquire(self) -> _Slot:
-        """A slot; waits FIFO while none is free (woken one at a time by _release, all at once by
-        admit/close or when a suspect slot's pause ends: no polling, no thundering herd)."""
+    async def _acquire(self, sample: Optional[Sample] = None) -> _Slot:
+        """A slot (of the engine `sample` is placed on, with a placement); waits FIFO while none is free
+        (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
+        pause ends: no polling, no thundering herd)."""
         while True:
-            slot = self._take()
+            key = self.placement.place(sample, self._cost(sample)) if self.placement and sample else None
+            slot = self._take(key and key[0])
             if slot is not None:
                 return slot
             fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
+            self._waiters.setdefault(key and key[0], collections.deque()).append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
@@ -145,29 +159,40 @@ class Dispatcher:
                     self._wake_one()  # we were handed a wake-up we will not use: pass it on
                 raise
 
-    def _wake_one(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+    def _wake_one(self, name: Optional[str] = None) -> None:
+        """Wake the first waiter for engine `name`, else the first waiting for any engine."""
+        for key in (name, None) if name else (None,):
+            queue, woken = self._waiters.get(key), False
+            while queue and not woken:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    woken = True
+            if queue is not None and not queue:
+                del self._waiters[key]
+            if woken:
                 return
 
     def _wake_all(self) -> None:
         self._timer = None
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+        waiters, self._waiters = self._waiters, {}
+        for queue in waiters.values():
+            for fut in queue:
+                if not fut.done():
+                    fut.set_result(None)
 
     def _release(self, slot: _Slot, served: bool = True) -> None:
         slot.outstanding -= 1
         slot.served += int(served)
-        self._wake_one()
+        self._wake_one(slot.engine.name if self.placement else None)
 
     # ------------------------------------------------------------------ requests
     def budget_left(self, sample: Sample) -> int:
         """Tokens the sample may still generate: its budget (`max_new_tokens`) minus its response."""
         return int(sample.max_new_tokens or self.sampling.get("max_new_tokens", 16)) - len(sample.response_ids)
+
+    def _cost(self, sample: Sample) -> int:
+        return len(sample.prompt_ids) + len(sample.response_ids) + max(0, self.budget_left(sample))
 
     def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None, compact: bool = False) -> dict:
         """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`;
@@ -207,19 +232,24 @@ class Dispatcher:
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
             try:
-                slot = await self._acquire()
+                slot = await self._acquire(sample)
             except RuntimeError as e:
                 sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
             if self.draining:
                 self._release(slot, served=False)
+                self._unplace(sample, None)
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
             slot.inflight[rid] = task
             sample.sent_version = slot.version
+            out = None
             try:
-                out = await self._post(slot, self.payload(sample, rid, sampling, slot.compact))
+                body = self.payload(sample, rid, sampling, slot.compact)
+                if self.placement is not None:
+                    await self._placed(sample, slot, body)
+                out = await self._post(slot, body)
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -231,6 +261,7 @@ class Dispatcher:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
                 self._release(slot)
+                self._unplace(sample, out)
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
                 sample.error = short_error(out)
@@ -257,6 +288,29 @@ class Dispatcher:
             break
         sample.t_done = time.monotonic()
         return sample
+
+    async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> None:
+        """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there."""
+        key = self.placement.current[sample.sample_id][0]
+        rank = self.placement.rank_param(key)
+        if rank is not None:
+            body["routed_dp_rank"] = rank
+
+        async def prime():
+            primer = {"input_ids": list(sample.prompt_ids), "sampling_params": {"max_new_tokens": 0},
+                      "rid": f"{sample.group_id}@{key[1]}#{next(self._rid)}"}
+            if rank is not None:
+                primer["routed_dp_rank"] = rank
+            status, out = await self._post(slot, primer)
+            if status != 200:
+                raise RuntimeError(f"primer: HTTP {status}")
+            return out.get("meta_info", {})
+        await self.placement.primed_once(sample, key, prime)
+
+    def _unplace(self, sample: Sample, out) -> None:
+        if self.placement is not None:
+            meta = out[1].get("meta_info", {}) if isinstance(out, tuple) and out[0] == 200 else {}
+            self.placement.done(sample, int(meta.get("prompt_tokens", 0)) + int(meta.get("completion_tokens", 0)))
 
     async def _post(self, slot: _Slot, body: dict):
         async with self.session.post(slot.engine.url + "/generate", json=body,

@@ -36,6 +36,7 @@ from rollout.dispatch import Dispatcher
 from rollout.engines.health import HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe
 from rollout.engines.readiness import NullView, auth_headers, wait_ready
 from rollout.errors import EnginesLost, WeightVersionError, one_line
+from rollout.placement import Placement
 from rollout.routed_experts import MoELayout, engine_offers
 from rollout.types import EngineEvent, Group, Sample, SampleStatus, group_id
 
@@ -76,13 +77,14 @@ class RolloutManager:
                  keep_answers: bool = False, view=None, weight_sync_hook: Optional[WeightHook] = None,
                  max_restarts: int = 3, partial_rollout: bool = True, health_probe=None,
                  run_id: Optional[str] = None, restart_backoff_s: float = 1.0, restart_backoff_max_s: float = 30.0,
-                 max_events: int = 10000):
+                 max_events: int = 10000, group_placement: str = "group"):
         """`layout`: ask for, check and keep routed experts; `seeds`, `keep_answers`: see `Dispatcher`."""
         self.specs = {s.name: s for s in specs}
         self.backend = backend
         self.budgets, self.health_cfg = budgets, health
         self.sampling, self.n_samples, self.concurrency = dict(sampling), n_samples, concurrency
         self.layout, self.seeds, self.keep_answers = layout, seeds, keep_answers
+        self.group_placement = group_placement       # "group" (rollout/placement.py) or "sample"
         self.view = view or NullView()
         self.weight_sync_hook = weight_sync_hook
         self.weight_version: Optional[str] = None
@@ -118,7 +120,7 @@ class RolloutManager:
         layout = MoELayout.from_model(cfg.model) if any(g.routed_experts for g in cfg.engine_groups) else None
         return cls(specs, backend, budgets=r.budgets, health=r.health, sampling=sampling,
                    n_samples=r.n_samples_per_prompt, concurrency=r.concurrency_per_engine,
-                   layout=layout, partial_rollout=r.partial_rollout, **kw)
+                   layout=layout, partial_rollout=r.partial_rollout, group_placement=r.group_placement, **kw)
 
     @property
     def routed_experts(self) -> bool:
@@ -166,7 +168,9 @@ class RolloutManager:
 
     def _dispatcher(self, on_error) -> Dispatcher:
         return Dispatcher(self.session, self.sampling, self.concurrency, layout=self.layout, seeds=self.seeds,
-                          keep_answers=self.keep_answers, on_error=on_error)
+                          keep_answers=self.keep_answers, on_error=on_error,
+                          placement=Placement(self.n_samples, self.concurrency)
+                          if self.group_placement == "group" else None)
 
     async def attach(self, endpoints=(), discover: Optional[Discover] = None,
                      empty_wait_s: float = 60.0) -> "RolloutManager":
@@ -238,7 +242,8 @@ class RolloutManager:
         except BaseException:
             await asyncio.to_thread(engine.stop)
             raise
-        await self.dispatcher.admit(engine, info.weight_version, await self.offers_compact(engine))
+        await self.dispatcher.admit(engine, info.weight_version, await self.offers_compact(engine),
+                                    dp_ranks=info.dp_size)
         self.monitor.watch(engine)
         self.log(spec.name, EngineEvent.ADMITTED, self.routed_formats.get(spec.name, ""))
         return engine
@@ -467,7 +472,7 @@ def group_record(group: Group) -> dict:
             "routed_experts": None if re is None else {
                 "shape": list(re.shape), "dtype": str(re.dtype),
                 "sha256": hashlib.sha256(re.tobytes()).hexdigest()[:16]},
-            "engine": s.engine, "engines": s.engines, "attempts": s.attempts, "resumes": s.resumes,
+            "engine": s.engine, "dp_rank": s.dp_rank, "engines": s.engines, "attempts": s.attempts, "resumes": s.resumes,
             "weight_versions": sorted(set(s.weight_versions)),
             "latency_s": round(s.t_done - s.t_submit, 4),
         })

@@ -254,7 +254,7 @@ def test_groups_stream_exactly_once_with_routed_experts():
 def test_concurrency_bound_and_least_outstanding():
     async def go():
         backend = StandinBackend()
-        async with make_manager(concurrency=3, max_new_tokens=20, backend=backend) as mgr:
+        async with make_manager(concurrency=3, max_new_tokens=20, backend=backend, group_placement="sample") as mgr:
             stream = GroupStream(maxsize=100)
             await mgr.rollout(prompts(12), stream, batch_size=12)
             return backend

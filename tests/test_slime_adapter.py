@@ -81,7 +81,7 @@ class StandInWorker(_Server):
 
     def __init__(self):
         super().__init__()
-        self.requests = []
+        self.requests, self.primers = [], []
         self.aborted = asyncio.Event()
 
     def add_routes(self, app):
@@ -95,7 +95,8 @@ class StandInWorker(_Server):
 
     async def generate(self, request):
         body = await request.json()
-        self.requests.append(body)
+        # group placement's primer (the prompt, zero new tokens) is kept apart from slime's own requests
+        (self.primers if body["sampling_params"].get("max_new_tokens") == 0 else self.requests).append(body)
         ids = body["input_ids"]
         n = body["sampling_params"]["max_new_tokens"]
         start_len = body.get("routed_experts_start_len", 0)
@@ -125,7 +126,7 @@ class StandInRouter(_Server):
     def __init__(self, workers=()):
         super().__init__()
         self.workers = list(workers)   # [(url, worker_type)]: edit to register / remove workers
-        self.requests = []
+        self.requests, self.primers = [], []
 
     def add_routes(self, app):
         app.router.add_get("/workers", self.list_workers)
@@ -141,7 +142,8 @@ class StandInRouter(_Server):
         (prefill/decode stand-ins here), answer one token without routed experts."""
         import aiohttp
         body = await request.json()
-        self.requests.append(body)
+        # group placement's primer (the prompt, zero new tokens) is kept apart from slime's own requests
+        (self.primers if body["sampling_params"].get("max_new_tokens") == 0 else self.requests).append(body)
         regular = [u for u, t in self.workers if t == "regular"]
         if regular:
             fwd = {k: v for k, v in body.items() if k != "return_routed_experts"}

@@ -1,0 +1,164 @@
+"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by outstanding tokens,
+big groups over the fewest ranks, continued samples back to their rank, a lost engine's groups placed
+again together, the prompt primed once; and the dispatcher sending `routed_dp_rank` and the primer."""
+import asyncio
+import collections
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from rollout.dispatch import Dispatcher
+from rollout.placement import Placement
+from rollout.types import Group, Sample, SampleStatus
+from tests.loopback import start_app
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _group(gid, n, prompt_len=10):
+    return Group.fresh(gid, list(range(prompt_len)), n).samples
+
+
+def _placement(engines=2, dp=2, n=8, capacity=64):
+    p = Placement(n, capacity)
+    for e in range(engines):
+        p.admit(f"e{e}", dp)
+    return p
+
+
+def test_each_group_on_one_rank_and_groups_spread():
+    p = _placement()
+    keys = [{p.place(s, 26) for s in _group(f"g{i}", 8)} for i in range(4)]
+    assert all(len(k) == 1 for k in keys)
+    assert {k.pop() for k in keys} == {("e0", 0), ("e0", 1), ("e1", 0), ("e1", 1)}
+
+
+def test_rank_by_outstanding_tokens_not_requests():
+    p = _placement(engines=1, dp=2, n=1)
+    long = Sample("a/0", "a", 0, list(range(900)))
+    assert p.place(long, 1000) == ("e0", 0)
+    for i in range(3):
+        assert p.place(Sample(f"b{i}/0", f"b{i}", 0, [1]), 30) == ("e0", 1)
+    assert p.place(Sample("c/0", "c", 0, [1]), 30) == ("e0", 1)   # 90 tokens < 1000, though 3 requests > 1
+
+
+def test_a_group_larger_than_a_rank_holds_goes_over_the_fewest_ranks():
+    p = _placement(engines=2, dp=2, n=10, capacity=8)        # a rank should hold 8 / 2 = 4
+    got = collections.Counter(p.place(s, 20) for s in _group("g", 10))
+    assert sorted(got.values()) == [3, 3, 4] and len(got) == 3
+
+
+def test_continued_sample_returns_to_its_rank_and_a_lost_engine_group_moves_together():
+    p = _placement()
+    samples = _group("g", 8)
+    first = {p.place(s, 26) for s in samples}
+    (key,) = first
+    for s in samples:
+        p.done(s, 20)
+        s.engines.append(key[0])
+        s.status = SampleStatus.ABORTED
+    p.place(Sample("x/0", "x", 0, [1]), 5)           # another group in between
+    assert {p.place(s, 26) for s in samples[:2]} == {key}    # back to its rank while admitted
+    for s in samples[:2]:
+        p.done(s)
+    p.remove(key[0])
+    moved = {p.place(s, 26) for s in samples}
+    assert len(moved) == 1 and moved.pop()[0] != key[0]       # together, elsewhere, once
+
+
+def test_reservations_are_released():
+    p = _placement(n=8)
+    samples = _group("g", 8)
+    for s in samples[:6]:                            # two samples never ask (e.g. the batch filled)
+        p.place(s, 26)
+    for s in samples[:6]:
+        p.done(s, 30)
+    assert all(v.outstanding == 0 for v in p.ranks.values())
+    assert sum(v.served for v in p.ranks.values()) == 180
+
+
+def test_dp_rank_sent_only_where_an_engine_has_ranks():
+    p = Placement(2, 8)
+    p.admit("one", 1)
+    p.admit("two", 2)
+    assert p.rank_param(("one", 0)) is None and p.rank_param(("two", 1)) == 1
+
+
+def test_primer_once_per_rank_not_for_continued_samples_or_single_seats():
+    async def go():
+        p = _placement(n=4)
+        calls = []
+
+        async def prime():
+            calls.append(1)
+            await asyncio.sleep(0.01)
+            return {"prompt_tokens": 10, "cached_tokens": 0}
+        samples = _group("g", 4)
+        keys = [p.place(s, 20) for s in samples]
+        await asyncio.gather(*(p.primed_once(s, k, prime) for s, k in zip(samples, keys)))
+        cont = samples[0]
+        cont.response_ids = [5]
+        await p.primed_once(cont, keys[0], prime)
+        single = Placement(1, 8)
+        single.admit("e", 2)
+        s1 = _group("h", 1)[0]
+        await single.primed_once(s1, single.place(s1, 5), prime)
+        return calls, p
+    calls, p = asyncio.run(go())
+    assert calls == [1] and p.primed == 1 and p.primer_prefilled == 10
+
+
+# ---------------------------------------------------------------- through the dispatcher
+
+
+class _Eng:
+    def __init__(self, name, port):
+        self.name, self.url, self.api_key = name, f"http://127.0.0.1:{port}", None
+
+
+async def _engine(log):
+    async def generate(request):
+        body = await request.json()
+        log.append((asyncio.get_running_loop().time(), body))
+        n = body["sampling_params"]["max_new_tokens"]
+        await asyncio.sleep(0.02)
+        return web.json_response({"meta_info": {
+            "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
+            "dp_rank": body.get("routed_dp_rank")}})
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    return await start_app(app)
+
+
+def _dispatch(placement):
+    async def go():
+        log = []
+        runner, port = await _engine(log)
+        try:
+            async with aiohttp.ClientSession() as session:
+                d = Dispatcher(session, {"max_new_tokens": 3}, capacity=8, placement=placement)
+                await d.admit(_Eng("e0", port), dp_ranks=2)
+                samples = _group("g", 4)
+                await asyncio.gather(*(d.run(s) for s in samples))
+                return log, samples
+        finally:
+            await runner.cleanup()
+    return asyncio.run(go())
+
+
+def test_dispatcher_pins_the_group_and_sends_the_primer_first():
+    log, samples = _dispatch(Placement(4, 8))
+    primers = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] == 0]
+    sent = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] > 0]
+    assert len(primers) == 1 and len(sent) == 4
+    assert {b["routed_dp_rank"] for _, b in log} == {primers[0][1]["routed_dp_rank"]}
+    assert min(t for t, _ in sent) >= primers[0][0] + 0.02     # after the primer's answer
+    assert {s.dp_rank for s in samples} == {primers[0][1]["routed_dp_rank"]}
+    assert all(s.status is SampleStatus.TRUNCATED for s in samples)
+
+
+def test_per_sample_routing_sends_no_rank_and_no_primer():
+    log, _ = _dispatch(None)
+    assert len(log) == 4 and all("routed_dp_rank" not in b for _, b in log)
