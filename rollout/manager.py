@@ -34,7 +34,7 @@ import aiohttp
 
 from rollout.dispatch import Dispatcher
 from rollout.engines.health import HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe
-from rollout.engines.readiness import NullView, auth_headers, wait_ready
+from rollout.engines.readiness import NullView, auth_headers, dp_ranks, wait_ready
 from rollout.errors import EnginesLost, WeightVersionError, one_line
 from rollout.placement import Placement
 from rollout.routed_experts import MoELayout, engine_offers
@@ -184,7 +184,7 @@ class RolloutManager:
         self.dispatcher = self._dispatcher(self._relist_after_error if discover else None)
         for endpoint in endpoints:
             await self.dispatcher.admit(endpoint, await self.reported_version(endpoint),
-                                        await self.offers_compact(endpoint))
+                                        await self.offers_compact(endpoint), await self.engine_dp_ranks(endpoint))
         if discover is not None:
             try:
                 await self.relist()
@@ -216,7 +216,8 @@ class RolloutManager:
                 await self.dispatcher.remove(slot.engine)
         for e in send:
             if e.name not in self.dispatcher.slots:
-                await self.dispatcher.admit(e, await self.reported_version(e), await self.offers_compact(e))
+                await self.dispatcher.admit(e, await self.reported_version(e), await self.offers_compact(e),
+                                            await self.engine_dp_ranks(e))
         self._listed_at = time.monotonic()
         if send:
             await self.dispatcher.reopen()
@@ -287,6 +288,17 @@ class RolloutManager:
         """The engine's weight version, or None when it does not say (the dispatcher's retraction check)."""
         try:
             return await self.engine_weight_version(engine)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
+            return None
+
+    async def engine_dp_ranks(self, engine) -> Optional[int]:
+        """An attached engine's DP ranks from `/server_info` (None when it does not say: one target)."""
+        if self.group_placement != "group":
+            return None
+        try:
+            async with self.session.get(engine.url + "/server_info", headers=auth_headers(engine.api_key),
+                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+                return dp_ranks(await r.json()) if r.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
             return None
 
