@@ -146,7 +146,7 @@ class Dispatcher:
         (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
         pause ends: no polling, no thundering herd)."""
         while True:
-            key = self.placement.place(sample, self._cost(sample)) if self.placement and sample else None
+            key = self.placement.place(sample, self._cost(sample), self._suspects()) if self.placement and sample else None
             slot = self._take(key and key[0])
             if slot is not None:
                 return slot
@@ -158,6 +158,10 @@ class Dispatcher:
                 if fut.done() and not fut.cancelled():
                     self._wake_one()  # we were handed a wake-up we will not use: pass it on
                 raise
+
+    def _suspects(self) -> set:
+        now = time.monotonic()
+        return {n for n, s in self.slots.items() if s.suspect_until > now}
 
     def _wake_one(self, name: Optional[str] = None) -> None:
         """Wake the first waiter for engine `name`, else the first waiting for any engine."""
@@ -291,7 +295,10 @@ class Dispatcher:
 
     async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> None:
         """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there."""
-        key = self.placement.current[sample.sample_id][0]
+        held = self.placement.current.get(sample.sample_id)
+        if held is None:
+            return
+        key = held[0]
         rank = self.placement.rank_param(key)
         if rank is not None:
             body["routed_dp_rank"] = rank

@@ -60,6 +60,7 @@ class Placement:
         self.dp: dict[str, int] = {}
         self.groups: collections.OrderedDict[str, _Placed] = collections.OrderedDict()
         self.max_groups = max_groups
+        self._avoid = ()
         self.current: dict[str, tuple] = {}      # sample id -> (key, cost, group id if seated) of its attempt
         self.primed = self.primer_failures = self.primer_prefilled = 0   # primers sent, failed; tokens they prefilled
 
@@ -81,15 +82,17 @@ class Placement:
         return key[1] if self.pinned.get(key[0]) else None
 
     # ---------------------------------------------------------------- placing
-    def place(self, sample, cost: int) -> Optional[Key]:
+    def place(self, sample, cost: int, avoid=()) -> Optional[Key]:
         """The admitted (engine, rank) of `sample`'s next attempt (None when no engine is admitted).
         Asked again before the attempt is sent it gives the same answer while that engine is admitted;
-        `done` ends the attempt. `cost`: the attempt's tokens (prompt + remaining budget)."""
+        `done` ends the attempt. `cost`: the attempt's tokens (prompt + remaining budget). `avoid`:
+        engines that just failed a connection (treated as removed, as today's routing skips them)."""
         held = self.current.get(sample.sample_id)
         if held is not None:
-            if held[0] in self.ranks:
+            if held[0] in self.ranks and held[0][0] not in avoid:
                 return held[0]
-            del self.current[sample.sample_id]
+            self.done(sample)
+        self._avoid = avoid
         key, seated = self._choose(sample, cost)
         if key is not None:
             if not seated:
@@ -100,12 +103,12 @@ class Placement:
 
     def _choose(self, sample, cost: int) -> tuple:
         own = (sample.engine, getattr(sample, "dp_rank", None))
-        if own[0] is not None and own in self.ranks:
+        if own[0] is not None and self._ok(own):
             return own, False                      # a continued or re-sent sample: back to its rank
         group = self.groups.get(sample.group_id)
         if group is not None:
-            for k in [k for k in group.seats if k not in self.ranks]:
-                del group.seats[k]                 # its engine was removed: the group is placed again
+            for k in [k for k in group.seats if not self._ok(k)]:
+                self._unseat_one(group, k)         # its engine was removed: the group is placed again
             if not group.seats:
                 group = None
         if group is None:
@@ -118,8 +121,16 @@ class Placement:
             return key, True
         return key, False
 
+    def _ok(self, key: Key) -> bool:
+        return key in self.ranks and key[0] not in self._avoid
+
+    def _unseat_one(self, group: _Placed, key: Key) -> None:
+        if key in self.ranks:
+            self.ranks[key].outstanding -= group.seats[key] * group.cost
+        del group.seats[key]
+
     def _new_group(self, gid: str, cost: int) -> Optional[_Placed]:
-        keys = list(self.ranks)
+        keys = [k for k in self.ranks if self._ok(k)]
         if not keys:
             return None
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))

@@ -162,3 +162,17 @@ def test_dispatcher_pins_the_group_and_sends_the_primer_first():
 def test_per_sample_routing_sends_no_rank_and_no_primer():
     log, _ = _dispatch(None)
     assert len(log) == 4 and all("routed_dp_rank" not in b for _, b in log)
+
+
+def test_an_engine_that_just_failed_a_connection_is_avoided_and_the_group_moves_together():
+    p = _placement(engines=2, dp=1)
+    samples = _group("g", 8)
+    (key,) = {p.place(s, 26) for s in samples}
+    for s in samples:
+        p.done(s)
+        s.engines.append(key[0])          # every attempt failed at the connection level there
+    moved = {p.place(s, 26, avoid={key[0]}) for s in samples}
+    assert len(moved) == 1 and moved.pop()[0] != key[0]
+    held = _group("h", 1)[0]
+    (k2,) = {p.place(held, 5)}
+    assert p.place(held, 5, avoid={k2[0]})[0] != k2[0]     # a placed, unsent attempt moves too
