@@ -266,5 +266,5 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
     for g in groups:
         assert len({s.engines[0] for s in g.samples}) == 1, [s.engines for s in g.samples]
         moved = [s.engines for s in g.samples if len(s.engines) > 1]
-        assert all(e == [victim.name, "tiny-0"] for e in moved), moved
+        assert all(set(e[:-1]) == {victim.name} and e[-1] == "tiny-0" for e in moved), moved
     assert any(len(s.engines) > 1 for g in groups for s in g.samples)
