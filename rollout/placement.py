@@ -69,8 +69,9 @@ class Placement:
         n = max(1, int(dp_ranks or 1))
         self.remove(engine)
         self.dp[engine], self.pinned[engine] = n, n > 1
-        for r in range(n):
-            self.ranks[(engine, r)] = RankLoad()
+        start = sum(v.served for v in self.ranks.values()) // max(1, len(self.ranks))
+        for r in range(n):   # a (re-)admitted rank starts level with the others, so it is not flooded
+            self.ranks[(engine, r)] = RankLoad(served=start)
 
     def remove(self, engine: str) -> None:
         for r in range(self.dp.pop(engine, 0)):
@@ -136,7 +137,11 @@ class Placement:
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))
         n = self.group_size
         parts = min(len(keys), math.ceil(n / per_rank))
-        best = sorted(keys, key=lambda k: (self.ranks[k].outstanding, self.ranks[k].served))[:parts]
+        # the fewest tokens placed (served + outstanding: the step's balance, not only the moment's), among
+        # ranks with less than a full rank's worth of tokens outstanding over the least (a slow rank waits)
+        load = self.ranks
+        near = min(load[k].outstanding for k in keys) + per_rank * cost
+        best = sorted(keys, key=lambda k: (load[k].outstanding > near, load[k].outstanding + load[k].served))[:parts]
         seats = {k: n // parts + (i < n % parts) for i, k in enumerate(best)}
         for k, s in seats.items():
             self.ranks[k].outstanding += s * cost

@@ -176,3 +176,17 @@ def test_an_engine_that_just_failed_a_connection_is_avoided_and_the_group_moves_
     held = _group("h", 1)[0]
     (k2,) = {p.place(held, 5)}
     assert p.place(held, 5, avoid={k2[0]})[0] != k2[0]     # a placed, unsent attempt moves too
+
+
+def test_balance_over_the_step_and_a_readmitted_engine_is_not_flooded():
+    p = _placement(engines=2, dp=1, n=1)
+    for i, cost in enumerate((900, 100, 100, 100)):       # e1 gets the short ones, e0 the long one
+        s = Sample(f"g{i}/0", f"g{i}", 0, [1])
+        p.place(s, cost)
+        p.done(s, cost)
+    assert {k: v.served for k, v in p.ranks.items()} == {("e0", 0): 900, ("e1", 0): 300}
+    s = Sample("x/0", "x", 0, [1])
+    assert p.place(s, 50) == ("e1", 0)                    # nothing outstanding anywhere: the least served
+    p.remove("e1")
+    p.admit("e1", 1)                                      # restarted: level with the others
+    assert p.ranks[("e1", 0)].served == 900
