@@ -182,10 +182,15 @@ class Placement:
         group = self.groups.get(sample.group_id)
         if group is None or sample.response_ids or group.sizes.get(key, 0) < 2:
             return
-        fut = group.primers.get(key)
-        if fut is None:
-            fut = group.primers[key] = asyncio.ensure_future(self._prime(prime))
-        await asyncio.shield(fut)
+        sent = group.primers.get(key)
+        if sent is None:                         # the first sample there sends it, the others wait
+            sent = group.primers[key] = asyncio.Event()
+            try:
+                await self._prime(prime)
+            finally:
+                sent.set()
+        else:
+            await sent.wait()
 
     async def _prime(self, prime) -> None:
         try:

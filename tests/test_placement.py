@@ -190,3 +190,24 @@ def test_balance_over_the_step_and_a_readmitted_engine_is_not_flooded():
     p.remove("e1")
     p.admit("e1", 1)                                      # restarted: level with the others
     assert p.ranks[("e1", 0)].served == 900
+
+
+def test_a_waiting_sibling_cancelled_does_not_cancel_the_others():
+    async def go():
+        p = _placement(engines=1, dp=1, n=3)
+        gate = asyncio.Event()
+
+        async def prime():
+            await gate.wait()
+            return {}
+        samples = _group("g", 3)
+        keys = [p.place(s, 20) for s in samples]
+        tasks = [asyncio.create_task(p.primed_once(s, k, prime)) for s, k in zip(samples, keys)]
+        await asyncio.sleep(0.01)
+        tasks[1].cancel()
+        await asyncio.sleep(0.01)
+        assert not tasks[2].done()                 # still waits for the primer
+        gate.set()
+        await asyncio.gather(tasks[0], tasks[2])
+        return tasks[1].cancelled()
+    assert asyncio.run(go())
