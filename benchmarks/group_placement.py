@@ -2,7 +2,7 @@
 per group, rank balance, dispatcher CPU; on a loopback stand-in at the seed's scale, and on real engines.
 
     python benchmarks/group_placement.py [--groups 512] [--n 16]            # the scale run (no engines)
-    flock /tmp/engine.lock python benchmarks/group_placement.py --engines   # + two real CPU engines
+    flock /tmp/engine.lock python benchmarks/group_placement.py --engines   # + benchmarks/group_placement_engines.py
 
 Scale run: 4 engines x dp 4 = 16 ranks, 512 groups x 16 = 8,192 samples, prompts of 128-2,048 tokens,
 served by a BENCHMARK-ONLY STAND-IN OF SGLANG (a subprocess, one HTTP server per engine) that answers
@@ -128,8 +128,8 @@ def _workload(groups, n, seed):
     from rollout.types import Group
 
     rng = random.Random(seed)
-    return [Group.fresh(f"g{seed}-{i}", [rng.randrange(3, 30000) for _ in range(rng.choice((128, 256, 512, 1024, 2048)))], n)
-            for i in range(groups)]
+    lengths = [rng.choice((128, 256, 512, 1024, 2048)) for _ in range(groups)]
+    return [Group.fresh(f"g{seed}-{i}", [rng.randrange(3, 30000) for _ in range(k)], n) for i, k in enumerate(lengths)]
 
 
 async def _stats(session, engines):
@@ -247,84 +247,6 @@ def scale(args) -> None:
     judge(BENCH, "scale_cpu_per_request", med("placement", 2) / med("today", 2))
 
 
-# ---------------------------------------------------------------- real engines
-
-class _Sink:
-    async def put(self, group):
-        return True
-
-
-def _engine_config(args):
-    from rollout import config as rconfig
-    from rollout.cli.engine import model_for
-
-    cfg = rconfig.load("tiny-cpu-dpattn.yaml")
-    g = cfg.engine_groups[0]
-    g.engines, g.chunked_prefill_size, g.max_running_requests = 2, 4096, 16
-    r = cfg.rollout
-    r.n_samples_per_prompt, r.concurrency_per_engine, r.sampling.max_new_tokens = 8, 16, args.engine_new_tokens
-    for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
-        setattr(r.budgets, k, 900.0)
-    r.health.timeout_s, r.health.failures = 60.0, 10
-    return cfg, model_for(cfg, ROOT)
-
-
-async def _engine_arm(mgr, placement, groups, prompt_len, seed):
-    from _tiny import flush_cache
-
-    await flush_cache(mgr)
-    mgr.dispatcher.placement = placement
-    primed0 = placement.primer_prefilled if placement else 0
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 300) for _ in range(prompt_len)] for _ in range(groups)]
-    todo = [mgr.new_group(p) for p in prompts]
-    t0 = time.monotonic()
-    res = await mgr.rollout(todo, _Sink())
-    wall = time.monotonic() - t0
-    metas = [m for g in todo for s in g.samples for _, _, m in s.outputs]
-    prefilled = sum(int(m["prompt_tokens"]) - int(m["cached_tokens"]) for m in metas)
-    prefilled += (placement.primer_prefilled - primed0) if placement else 0
-    tokens = sum(len(s.response_ids) for g in todo for s in g.samples)
-    ranks = {}
-    for g in todo:
-        for s in g.samples:
-            key = f"{s.engine}/{s.outputs[-1][2].get('dp_rank')}"
-            ranks[key] = ranks.get(key, 0) + 1
-    assert res.delivered == groups and res.failed_samples == 0, res
-    return prefilled / (groups * prompt_len), tokens / wall, dict(sorted(ranks.items()))
-
-
-def engines_part(args) -> None:
-    from _tiny import started_manager
-
-    cfg, model = _engine_config(args)
-    print(f"{BENCH}: real engines: 2 x tiny-cpu-dpattn (dp 2, NEXTN, chunk 4096), {args.engine_groups} groups x 8, "
-          f"{args.prompt_len}-token prompts, {args.engine_new_tokens} new tokens; starting...", flush=True)
-    res = {}
-
-    async def run():
-        mgr = await started_manager(cfg, model, "group-placement-")
-        try:
-            mgr.dispatcher.keep_answers = True
-            placement = mgr.dispatcher.placement
-            await _engine_arm(mgr, placement, 2, args.prompt_len, seed=7)    # warm-up, not counted
-            for r in range(args.rounds):
-                for arm in (("placement", "today") if r % 2 == 0 else ("today", "placement")):
-                    out = await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
-                                            args.prompt_len, seed=100 + 10 * r + len(res.get(arm, [])))
-                    res.setdefault(arm, []).append(out)
-                    print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s, "
-                          f"samples per engine/rank {out[2]}", flush=True)
-        finally:
-            await mgr.stop()
-    asyncio.run(run())
-    mean = lambda arm, i: sum(x[i] for x in res[arm]) / len(res[arm])  # noqa: E731
-    judge(BENCH, "engine_prefill", mean("placement", 0))
-    judge(BENCH, "engine_prefill_vs_today", mean("placement", 0) / mean("today", 0))
-    judge(BENCH, "engine_tokens_per_s", mean("placement", 1) / mean("today", 1))
-    fact(BENCH, "slime's own generate_rollout on these engines: not run by this benchmark")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=512)
@@ -340,6 +262,7 @@ def main() -> int:
     print(f"{BENCH}: scale run, {args.groups} groups x {args.n}, 4 engines x dp 4", flush=True)
     scale(args)
     if args.engines:
+        from group_placement_engines import engines_part
         engines_part(args)
     return finish()
 

@@ -146,7 +146,9 @@ class Dispatcher:
         (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
         pause ends: no polling, no thundering herd)."""
         while True:
-            key = self.placement.place(sample, self._cost(sample), self._suspects()) if self.placement and sample else None
+            key = None
+            if self.placement is not None and sample is not None:
+                key = self.placement.place(sample, self._cost(sample), self._suspects())
             slot = self._take(key and key[0])
             if slot is not None:
                 return slot
@@ -251,9 +253,8 @@ class Dispatcher:
             out = None
             try:
                 body = self.payload(sample, rid, sampling, slot.compact)
-                if self.placement is not None:
-                    await self._placed(sample, slot, body)
-                out = await self._post(slot, body)
+                if self.placement is None or await self._placed(sample, slot, body):
+                    out = await self._post(slot, body)
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -266,6 +267,9 @@ class Dispatcher:
                 slot.lost.discard(rid)
                 self._release(slot)
                 self._unplace(sample, out)
+            if out is None:                  # the batch filled while it waited for its primer: not sent
+                sample.attempts -= 1
+                break
             sample.engines.append(slot.engine.name)
             if isinstance(out, Exception):
                 sample.error = short_error(out)
@@ -293,11 +297,12 @@ class Dispatcher:
         sample.t_done = time.monotonic()
         return sample
 
-    async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> None:
-        """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there."""
+    async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> bool:
+        """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there.
+        False: the batch filled meanwhile (send nothing)."""
         held = self.placement.current.get(sample.sample_id)
         if held is None:
-            return
+            return not self.draining
         key = held[0]
         rank = self.placement.rank_param(key)
         if rank is not None:
@@ -313,6 +318,7 @@ class Dispatcher:
                 raise RuntimeError(f"primer: HTTP {status}")
             return out.get("meta_info", {})
         await self.placement.primed_once(sample, key, prime)
+        return not self.draining
 
     def _unplace(self, sample: Sample, out) -> None:
         if self.placement is not None:

@@ -484,7 +484,8 @@ def group_record(group: Group) -> dict:
             "routed_experts": None if re is None else {
                 "shape": list(re.shape), "dtype": str(re.dtype),
                 "sha256": hashlib.sha256(re.tobytes()).hexdigest()[:16]},
-            "engine": s.engine, "dp_rank": s.dp_rank, "engines": s.engines, "attempts": s.attempts, "resumes": s.resumes,
+            "engine": s.engine, "dp_rank": s.dp_rank, "engines": s.engines,
+            "attempts": s.attempts, "resumes": s.resumes,
             "weight_versions": sorted(set(s.weight_versions)),
             "latency_s": round(s.t_done - s.t_submit, 4),
         })

@@ -134,4 +134,5 @@ def tokenizer_for(model_path: str):
     try:
         return AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)
     except (OSError, ValueError) as e:
-        raise CliError(f"--prompts: cannot load the tokenizer of {model_path}: {str(e).splitlines()[0][:160]}") from None
+        why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise CliError(f"--prompts: cannot load the tokenizer of {model_path}: {why}") from None

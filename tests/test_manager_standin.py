@@ -460,7 +460,9 @@ def test_queued_abort_without_routed_experts_is_resumed_not_failed():
 
     res1, res2, carried, got, engine = asyncio.run(go())
     assert res1.delivered == 1 and res1.carried == 3
-    assert all(st == SampleStatus.ABORTED and err is None for st, _, err in carried), carried
+    # nothing failed; a carried group may hold a finished sample, or (group placement) one never sent
+    assert all(st is not SampleStatus.FAILED and err is None for st, _, err in carried), carried
+    assert any(st is SampleStatus.ABORTED for st, _, _ in carried)
     assert engine.queued_aborts >= 1 and res1.unrouted_aborts == engine.queued_aborts
     assert any(n == 0 for _, n, _ in carried)  # queued when aborted: no token, no routing, kept as it was
     assert res2.delivered == 3 and res2.failed_samples == 0 and len({g.group_id for g in got}) == 4

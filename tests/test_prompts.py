@@ -18,7 +18,8 @@ pytestmark = pytest.mark.timeout(120)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
 DEMO = os.path.join(ROOT, "training_configs", "demo-prompts.jsonl")
-TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def test_chat_template_for_text_and_messages(tmp_path, chat_tok):
     ([{"input": "a"}, {"prompt": "b"}], {}, "p.jsonl:line 2: no key 'input' (--input-key)"),
     ([{"input": "a", "label": 1}, "", {"input": "b"}], {"label_key": "label"},
      "p.jsonl:line 3: no key 'label' (--label-key)"),
-    ([{"input": [{"role": "user", "content": "x"}]}], {}, "line 1: 'input' is a list of messages; pass --apply-chat-template"),
+    ([{"input": [{"role": "user", "content": "x"}]}], {},
+     "line 1: 'input' is a list of messages; pass --apply-chat-template"),
     ([{"input": "a", "metadata": [1]}], {}, "line 1: 'metadata' must be an object, got list"),
     ([[1, 2]], {}, "line 1: expected a JSON object, got list"),
     ([{"input": 5}], {}, "line 1: 'input' is neither text nor a list of {role, content} messages"),
