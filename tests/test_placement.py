@@ -211,3 +211,17 @@ def test_a_waiting_sibling_cancelled_does_not_cancel_the_others():
         await asyncio.gather(tasks[0], tasks[2])
         return tasks[1].cancelled()
     assert asyncio.run(go())
+
+
+def test_sglang_takes_routed_dp_rank_in_the_body():
+    """Guard (the SGLang installed here): `routed_dp_rank` is a /generate body field that reaches the DP
+    controller, which routes on it. Every reviewed release spells it so (0.5.15.post1 .. 0.5.23)."""
+    import inspect
+
+    io = pytest.importorskip("sglang.srt.managers.io_struct")
+    dpc = pytest.importorskip("sglang.srt.managers.data_parallel_controller")
+    req = io.GenerateReqInput(input_ids=[1, 2], routed_dp_rank=1)
+    req.normalize_batch_and_arguments()
+    assert req.routed_dp_rank == 1
+    assert "routed_dp_rank" in inspect.getsource(io.TokenizedGenerateReqInput)
+    assert "req.routed_dp_rank" in inspect.getsource(dpc.DataParallelController)
