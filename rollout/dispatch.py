@@ -158,7 +158,7 @@ class Dispatcher:
                 await fut
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():
-                    self._wake_one()  # we were handed a wake-up we will not use: pass it on
+                    self._wake_one(key and key[0])  # we were handed a wake-up we will not use: pass it on
                 raise
 
     def _suspects(self) -> set:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Optional
 
 from rollout.errors import CliError
@@ -136,3 +136,28 @@ def tokenizer_for(model_path: str):
     except (OSError, ValueError) as e:
         why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise CliError(f"--prompts: cannot load the tokenizer of {model_path}: {why}") from None
+
+
+def describe(path: Optional[str], keys: DatasetKeys) -> Optional[dict]:
+    """What identifies a new run's dataset (recorded with the run for --resume); None: synthetic prompts."""
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise CliError(f"--prompts: {path} does not exist")
+    return {"path": os.path.abspath(path), "sha256": digest(path), **asdict(keys)}
+
+
+def for_run(source: Optional[dict], model_path: str, num_groups: Optional[int]) -> Optional[list]:
+    """The run's first `num_groups` rows (all by default) of the dataset `describe` recorded, or None
+    without one; a file changed since the run began, or too short, is refused."""
+    if source is None:
+        return None
+    path = source["path"]
+    if not os.path.isfile(path) or digest(path) != source["sha256"]:
+        raise CliError(f"--prompts: {path} is missing or changed since the run began (its sha256 is recorded); "
+                       f"restore it to resume")
+    keys = DatasetKeys(**{k: source[k] for k in DatasetKeys.__dataclass_fields__})
+    got = load(path, tokenizer_for(model_path), keys, limit=num_groups)
+    if num_groups is not None and len(got) < num_groups:
+        raise CliError(f"--num-groups {num_groups}: {os.path.basename(path)} holds only {len(got)} row(s)")
+    return got

@@ -122,8 +122,7 @@ def test_cli_resume_refuses_a_changed_file_and_keeps_the_output(tmp_path, capsys
     data = _file(tmp_path, [{"input": "a"}, {"input": "b"}])
     out = tmp_path / "r.jsonl"
     meta = {"run_id": "a", "config": TINY, "seed": 0, "num_groups": 2,
-            "prompts": {"path": data, "sha256": prompts.digest(data), "input_key": "input", "label_key": None,
-                        "metadata_key": "metadata", "apply_chat_template": False, "chat_template_kwargs": {}}}
+            "prompts": prompts.describe(data, prompts.DatasetKeys())}
     (tmp_path / "r.jsonl.run.json").write_text(json.dumps(meta))
     out.write_text('{"group_id": "a-g0"}\n')
     with open(data, "a") as fh:

@@ -87,8 +87,7 @@ def _vocab(cfg, model_path: str) -> int:
 
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
-    from rollout import group_log
-    from rollout import models
+    from rollout import group_log, models, prompts
     from rollout.config import resolve_model
     from rollout.errors import CliError
     from training_configs.schema import ConfigError, load_config
@@ -108,8 +107,10 @@ def main(args) -> int:
         raise CliError(str(e)) from None
     if args.base_port is not None:
         cfg.rollout.base_port = args.base_port
-    source = meta.get("prompts") if meta else _prompt_source(args)
-    dataset = _dataset(source, model_path, meta["num_groups"] if meta else args.num_groups) if source else None
+    source = meta.get("prompts") if meta else prompts.describe(
+        args.prompts, prompts.DatasetKeys(args.input_key, args.label_key, args.metadata_key,
+                                          args.apply_chat_template, args.apply_chat_template_kwargs))
+    dataset = prompts.for_run(source, model_path, meta["num_groups"] if meta else args.num_groups)
     if meta is None:
         meta = {"run_id": uuid.uuid4().hex[:10], "config": os.path.abspath(args.config),
                 "seed": args.seed if args.seed is not None else 0, "prompts": source,
@@ -134,38 +135,6 @@ def main(args) -> int:
         return asyncio.run(_run(cfg, model_path, meta, done, log, args, dataset))
     finally:
         log.close()
-
-
-def _prompt_source(args) -> dict | None:
-    """What identifies the dataset of a new run (recorded for --resume), or None for synthetic prompts."""
-    from rollout.prompts import digest
-    from rollout.errors import CliError
-
-    if args.prompts is None:
-        return None
-    if not os.path.isfile(args.prompts):
-        raise CliError(f"--prompts: {args.prompts} does not exist")
-    return {"path": os.path.abspath(args.prompts), "sha256": digest(args.prompts), "input_key": args.input_key,
-            "label_key": args.label_key, "metadata_key": args.metadata_key,
-            "apply_chat_template": args.apply_chat_template,
-            "chat_template_kwargs": args.apply_chat_template_kwargs}
-
-
-def _dataset(source: dict, model_path: str, num_groups) -> list:
-    """The run's first `num_groups` rows (all by default); a file changed since the run began is refused."""
-    from rollout import prompts
-    from rollout.errors import CliError
-
-    path = source["path"]
-    if not os.path.isfile(path) or prompts.digest(path) != source["sha256"]:
-        raise CliError(f"--prompts: {path} is missing or changed since the run began (its sha256 is recorded); "
-                       f"restore it to resume")
-    keys = prompts.DatasetKeys(source["input_key"], source["label_key"], source["metadata_key"],
-                               source["apply_chat_template"], source["chat_template_kwargs"])
-    rows = prompts.load(path, prompts.tokenizer_for(model_path), keys, limit=num_groups)
-    if num_groups is not None and len(rows) < num_groups:
-        raise CliError(f"--num-groups {num_groups}: {os.path.basename(path)} holds only {len(rows)} row(s)")
-    return rows
 
 
 def _resumed_run(args) -> dict:
