@@ -3,13 +3,15 @@
 Each attention-DP rank of an SGLang engine has its own radix cache and KV pool, and SGLang's DP
 controller picks a rank per request without looking at prefixes (round robin, requests or tokens), so
 a group sent sample by sample is prefilled on up to n ranks. Here a group is placed when its first
-sample asks: on the rank with the fewest outstanding tokens (prompt + remaining budget of every sample
-placed there and not yet answered), or, when the group is larger than one rank should hold (the
-engine's concurrency over its DP ranks), over the fewest such ranks. The group's whole cost is
-reserved at once, so groups placed together spread out. A sample carries its (engine, rank) in
+sample asks, by tokens: outstanding ones (prompt + remaining budget of every sample placed on a rank and
+not yet answered) plus those the rank served, so the step's work evens out, among the ranks that have
+less than a full rank's worth of tokens outstanding over the least (a rank that falls behind gets no
+more); a group larger than one rank should hold (the engine's concurrency over its DP ranks) goes over
+the fewest ranks. The group's whole cost is reserved at once, so groups placed together spread out; a
+(re-)admitted rank starts level with the others. A sample carries its (engine, rank) in
 `sample.engines[-1]` / `sample.dp_rank`: a continued (aborted or partial) or re-sent sample goes back
-there while the engine is admitted; once an engine is removed its groups are placed again, together,
-on the others.
+there while the engine is admitted; once an engine is removed, or fails a connection, its groups are
+placed again, together, on the others.
 
 The rank goes in the /generate body as `routed_dp_rank`: every reviewed SGLang (0.5.15.post1 ..
 0.5.23) has that field in `GenerateReqInput` and its DP controller sends such a request to that
@@ -30,8 +32,6 @@ import collections
 import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
-
-MODES = ("group", "sample")   # rollout.group_placement: group placement, or today's per-sample routing
 
 Key = tuple   # (engine name, DP rank)
 
