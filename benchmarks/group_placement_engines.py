@@ -33,7 +33,7 @@ def _engine_config(args):
     from rollout import config as rconfig
     from rollout.cli.engine import model_for
 
-    cfg = rconfig.load("tiny-cpu-dpattn.yaml")
+    cfg = rconfig.load("c")   # training_configs/tiny-cpu-dpattn.yaml
     g = cfg.engine_groups[0]
     g.engines, g.chunked_prefill_size, g.max_running_requests = 2, 4096, 16
     r = cfg.rollout
