@@ -99,7 +99,7 @@ def _text(tokenizer, value, where: str, keys: DatasetKeys) -> str:
         raise CliError(f"--prompts: {where}: {key!r} is a list of messages; pass --apply-chat-template")
     messages = [{"role": "user", "content": value}] if isinstance(value, str) else _messages(value, where, key)
     if not getattr(tokenizer, "chat_template", None):
-        raise CliError(f"--prompts: --apply-chat-template: the model's tokenizer has no chat template")
+        raise CliError("--prompts: --apply-chat-template: the model's tokenizer has no chat template")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          **keys.chat_template_kwargs)
 
