@@ -186,7 +186,9 @@ class Placement:
         if sent is None:                         # the first sample there sends it, the others wait
             sent = group.primers[key] = asyncio.Event()
             try:
-                await self._prime(prime)
+                await asyncio.sleep(0)           # siblings started with it take their seats first
+                if group.sizes[key] - group.seats.get(key, 0) >= 2:   # a lone sample needs no primer
+                    await self._prime(prime)
             finally:
                 sent.set()
         else:

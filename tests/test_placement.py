@@ -225,3 +225,18 @@ def test_sglang_takes_routed_dp_rank_in_the_body():
     assert req.routed_dp_rank == 1
     assert "routed_dp_rank" in inspect.getsource(io.TokenizedGenerateReqInput)
     assert "req.routed_dp_rank" in inspect.getsource(dpc.DataParallelController)
+
+
+def test_a_lone_sample_of_a_group_sends_no_primer():
+    """One sample outside any group (`RolloutManager.generate`, slime's custom generate): no primer."""
+    async def go():
+        calls = []
+
+        async def prime():
+            calls.append(1)
+            return {}
+        p = _placement(n=8)
+        s = _group("solo", 8)[0]
+        await p.primed_once(s, p.place(s, 20), prime)
+        return calls
+    assert asyncio.run(go()) == []
