@@ -201,7 +201,3 @@ class Placement:
             self.primer_prefilled += int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
         except Exception:   # noqa: BLE001 - the samples go anyway, prefilled once each at worst
             self.primer_failures += 1
-
-    def load(self) -> dict:
-        """Tokens served per (engine, rank), for reports and benchmarks."""
-        return {f"{e}/{r}": v.served for (e, r), v in self.ranks.items()}
