@@ -11,7 +11,7 @@ from aiohttp import web
 from rollout.dispatch import Dispatcher
 from rollout.placement import Placement
 from rollout.types import Group, Sample, SampleStatus
-from tests.loopback import start_app
+from loopback import start_app
 
 pytestmark = pytest.mark.timeout(60)
 
