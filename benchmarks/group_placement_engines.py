@@ -44,10 +44,23 @@ def _engine_config(args):
     return cfg, model_for(cfg, ROOT)
 
 
-async def _engine_arm(mgr, placement, groups, prompt_len, seed):
-    from _tiny import flush_cache
+async def _flush(mgr, budget_s: float = 120.0):
+    """Empty every engine's prefix cache; SGLang refuses (HTTP 400) while requests are pending: retry."""
+    from rollout.net import auth_headers
 
-    await flush_cache(mgr)
+    end = time.monotonic() + budget_s
+    for eng in mgr.engines.values():
+        while True:
+            async with mgr.session.post(eng.url + "/flush_cache", headers=auth_headers(eng.api_key)) as r:
+                if r.status == 200:
+                    break
+            if time.monotonic() > end:
+                raise RuntimeError(f"{eng.name}: /flush_cache kept answering {r.status} for {budget_s:g} s")
+            await asyncio.sleep(0.5)
+
+
+async def _engine_arm(mgr, placement, groups, prompt_len, seed):
+    await _flush(mgr)
     mgr.dispatcher.placement = placement
     primed0 = placement.primer_prefilled if placement else 0
     rng = random.Random(seed)
@@ -82,11 +95,12 @@ def engines_part(args) -> None:
         try:
             mgr.dispatcher.keep_answers = True
             placement = mgr.dispatcher.placement
-            await _engine_arm(mgr, placement, 2, args.prompt_len, seed=7)    # warm-up, not counted
+            for warm, seed in ((placement, 7), (None, 8)):   # warm-up of both arms' batch shapes, not counted
+                await _engine_arm(mgr, warm, args.engine_groups, args.prompt_len, seed=seed)
             for r in range(args.rounds):
                 for arm in (("placement", "today") if r % 2 == 0 else ("today", "placement")):
                     out = await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
-                                            args.prompt_len, seed=100 + 10 * r + len(res.get(arm, [])))
+                                            args.prompt_len, seed=100 + 10 * r + (arm == "today"))
                     res.setdefault(arm, []).append(out)
                     print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s, "
                           f"samples per engine/rank {out[2]}", flush=True)
