@@ -22,7 +22,7 @@ from _targets import finish, judge  # noqa: E402
 
 from rollout import config as rconfig  # noqa: E402
 from rollout.net import auth_headers, free_port  # noqa: E402
-from rollout.tiny_model import build_tiny_glm  # noqa: E402
+from rollout.models.tiny import build_tiny_glm  # noqa: E402
 
 PROMPTS = [
     "the quick brown fox", "a mixture of experts", "data parallel attention", "rollout routing replay",
@@ -31,9 +31,11 @@ PROMPTS = [
 
 
 def dp_fix_names() -> list:
-    from sglang_patches.registry import all_fixes
+    from sglang_patches.registry import all_fixes, detect, judge
+    from sglang_patches.states import FixState
 
-    return [f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream]
+    here = detect()  # the fixes that hook this release
+    return [f.name for f in all_fixes() if f.family == "dp-attention" and judge(f, here).state is FixState.ACTIVE]
 
 
 def engine_spec(mode: str, on: bool, model: str):

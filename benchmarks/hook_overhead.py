@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _targets import finish, judge  # noqa: E402
 
@@ -33,13 +32,13 @@ def cases():
 
     import torch
 
-    import dp_scenarios as sc
-    from dp_scenarios_drivers import pick
     from sglang.srt.layers.attention import graph_utils
     from sglang.srt.model_executor.cuda_graph_buffer_registry import CudaGraphBufferRegistry
     from sglang.srt.state_capturer.base import BaseTopkCapturer
 
     from sglang_patches.fixes.capturer_extent import EXTENT_ATTR
+    from sglang_patches.scenarios import dp as sc
+    from sglang_patches.scenarios.drivers import pick
 
     out = []
     reg = CudaGraphBufferRegistry(device=torch.device("cpu"), max_bs=64, max_num_tokens=256)

@@ -52,7 +52,7 @@ def main():
     from rollout import config as rconfig
     from rollout.engines.process import alive_pids, cpu_percent
     from rollout.net import auth_headers, free_port
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     model = build_tiny_glm(variant="random")
     logs = tempfile.mkdtemp(prefix="bench-idle-")

@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--max-samples", type=int, default=None, help="use only the first N samples")
     ap.add_argument("--model", default=None, help="trainer checkpoint (default: the near-tie model, built here)")
     a = ap.parse_args()
-    from rollout.near_tie_model import build_near_tie_glm
+    from rollout.models.near_tie import build_near_tie_glm
     from rollout.r3.check import RolloutSample, table
     from rollout.r3.check import run as r3_run
 

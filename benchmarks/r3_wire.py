@@ -1,7 +1,8 @@
 """Routed experts on the wire at GLM-4.5's shape (92 layers, 3 dense, top-8 of 160): SGLang's int32 vs the
 plugin's compact format (`compact-routed-experts`), synthetic payloads of the real layout.
 
-  wire_bytes     base64 bytes per token in meta_info["routed_experts"], compact / int32 (3,925 B).
+  wire bytes     base64 bytes per token in meta_info["routed_experts"], compact / int32 (3,925 B): a constant
+                 of the layout, printed as a fact.
   engine_encode  the engine's per-request work: compact = scheduler `encode` + the detokenizer's own
                  `_b64_encode_per_request` + the tokenizer hop's header split + orjson of the meta_info;
                  int32 = the detokenizer's `_b64_encode_per_request` + orjson. Real SGLang functions.
@@ -34,7 +35,7 @@ import torch  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 from routed_experts import GLM45, slime_path  # noqa: E402
 from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts, to_slime_shape, wire_layout  # noqa: E402
-from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
+from _synthetic import synthetic_full  # noqa: E402
 from sglang_patches.features import routed_experts_wire as wire  # noqa: E402
 
 LAYOUT = MoELayout.from_hf_config(GLM45)
@@ -144,7 +145,8 @@ def main(argv=None):
     bpt_a, bpt_b = len(s_a) / (T - 1), len(s_b) / (T - 1)
     print(f"wire: int32 {bpt_a:.1f} B/token, compact {bpt_b:.1f} B/token (HTTP body {len(body_a) / (T - 1):.1f} "
           f"vs {len(body_b) / (T - 1):.1f}); information limit log2 C(160, 8) x 89 / 8 = 482 B/token")
-    judge("r3_wire", "wire_bytes", bpt_b / bpt_a)
+    fact("r3_wire", f"wire bytes per token, compact / int32: {bpt_b:.0f} / {bpt_a:.0f} = {bpt_b / bpt_a:.3f} "
+                    "(a constant of the layout)")
 
     ea, eb, er, ca, cb, cr = [], [], [], [], [], []
     for _ in range(args.runs):

@@ -25,7 +25,7 @@ from rich.progress import track  # noqa: E402
 
 from _targets import fact, finish, judge  # noqa: E402
 from rollout.routed_experts import MoELayout, bytes_per_token, decode_compact, encode_sglang  # noqa: E402
-from rollout.routed_experts.synthetic import synthetic_full  # noqa: E402
+from _synthetic import synthetic_full  # noqa: E402
 
 GLM45 = {"num_hidden_layers": 92, "n_routed_experts": 160, "num_experts_per_tok": 8, "first_k_dense_replace": 3}
 

@@ -11,9 +11,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from rollout.net import engine_port
 from training_configs import schema
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
+from training_configs.server_args import engine_port
 
 __all__ = ["ConfigError", "EngineSpec", "PRESETS", "TrainingConfig", "engine_specs", "load", "preset_path",
            "resolve_model"]
@@ -91,7 +91,7 @@ def resolve_model(cfg: TrainingConfig, root: str = ".", build: Optional[Builder]
 
 def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = None,
                  ports: list[int] | None = None) -> list[EngineSpec]:
-    """One spec per engine of every group. Ports: `ports` if given, else `rollout.net.engine_port`."""
+    """One spec per engine of every group. Ports: `ports` if given, else `server_args.engine_port`."""
     key = "" if cfg.rollout.engine_auth == "none" else (api_key or cfg.rollout.api_key or secrets.token_hex(16))
     specs, i, gpu = [], 0, 0
     c = cfg.cluster

@@ -6,9 +6,7 @@ engine is left (do not retry the step); `WeightVersionError` keeps a restarted e
 `RoutedExpertsError` is an unusable routed-experts payload (the sample fails, the rollout goes on).
 """
 
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+from sglang_patches.errors import CliError  # noqa: F401  (defined below every area; raised across the rollout)
 
 
 class EngineLost(Exception):
@@ -27,10 +25,10 @@ class RoutedExpertsError(ValueError):
     """A routed-experts payload is unusable. ``str(err)`` is a one-line reason."""
 
 
-def one_line(x, limit: int = 160) -> str:
-    """Any text (an answer body, an exception) as one line of at most `limit` characters."""
+def one_line(x, limit: int | None = 160) -> str:
+    """Any text (an answer body, an exception) as one line of at most `limit` characters (None: all)."""
     text = " ".join(str(x).split()) or (type(x).__name__ if isinstance(x, BaseException) else "")
-    return text[:limit]
+    return text[:limit] if limit else text
 
 
 def short_error(e: BaseException, limit: int = 160) -> str:

@@ -1,22 +1,16 @@
-"""Small network helpers, each in one place: the API-key header, free ports, the engine port rule and
+"""Small network helpers, each in one place: the API-key header, free ports and
 private (0600) key files. Imports nothing from the rest of the package."""
 from __future__ import annotations
 
 import os
 import socket
 
-PORTS_PER_ENGINE = 10  # engine i of a config listens on base_port + 10 i; its other ports lie in between
 MAX_PORT = 65535 - 10000  # SGLang 0.5.15.post1 derives its gRPC port as port + 10000 and refuses one above 65535
 
 
 def auth_headers(api_key: str | None) -> dict:
     """The header an engine's API key travels in (none for a keyless engine)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def engine_port(base_port: int, index: int) -> int:
-    """HTTP port of the index-th engine of a config (engines are PORTS_PER_ENGINE apart)."""
-    return base_port + PORTS_PER_ENGINE * index
 
 
 def free_port(host: str = "127.0.0.1") -> int:

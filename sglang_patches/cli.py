@@ -1,7 +1,7 @@
 """`slime-moe-rollout patches ...`: status of the fix set, a release review, applying the diffs to a source tree.
 
-Bad input or a failed step prints one `error: ...` line and returns 2; sglang_patches needs nothing from
-the rollout CLI for that.
+Bad input or a failed step raises `errors.CliError` (`ReviewError`, `ApplyError`): the console script
+prints one `error: ...` line and exits 2.
 """
 import json
 import sys
@@ -28,47 +28,41 @@ def add_parser(sub) -> None:
     a.set_defaults(func=cmd_apply_source)
 
 
-def _error(message: str) -> int:
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    return 2
-
-
 def cmd_status(args) -> int:
-    from sglang_patches.status import GOOD_STATES, collect
+    from sglang_patches.errors import CliError
+    from sglang_patches.plugin import PLUGIN_NAME
+    from sglang_patches.registry import VARIANTS, sglang_version
+    from sglang_patches.status import collect
 
-    report = collect()
+    if sglang_version() is None:
+        raise CliError(f"SGLang is not installed in this Python ({sys.executable}); the fixes apply to a reviewed "
+                       f"release: {', '.join(v.name for v in VARIANTS)}")
+    status = collect()
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(status.as_dict(), indent=2))
     else:
-        variant = report["variant"] or f"no reviewed variant: {report['variant_problem']}"
-        print(f"SGLang {report['sglang_version'] or '(not installed)'} (variant {variant}); plugin {report['plugin']}: "
-              f"{report['plugin_problem'] or 'entry point installed'}")
-        for r in report["fixes"]:
-            print(f"  {r['name']:<28} {r['family']:<13} {r['state']:<10} {r['reason']}")
-    if not report["ok"]:
-        bad = [r["name"] for r in report["fixes"] if r["state"] not in GOOD_STATES]
+        variant = status.variant or f"no reviewed variant: {status.variant_problem}"
+        print(f"SGLang {status.sglang_version} (variant {variant}); plugin {PLUGIN_NAME}: "
+              f"{status.plugin_problem or 'entry point installed'}")
+        for v in status.verdicts:
+            print(f"  {v.fix.name:<28} {v.fix.family:<13} {v.state.value:<10} {v.reason}")
+    if not status.ok:
+        bad = [v.fix.name for v in status.verdicts if not v.satisfied]
         print(f"error: fixes not active: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_review(args) -> int:
-    from sglang_patches.review import ReviewError, review
+    from sglang_patches.review import review
 
-    try:
-        lines = review(args.version, build=not args.no_build, review_as=args.review_as)
-    except ReviewError as e:
-        return _error(e)
-    print("\n".join(lines))
+    print("\n".join(review(args.version, build=not args.no_build, review_as=args.review_as)))
     return 0
 
 
 def cmd_apply_source(args) -> int:
-    from sglang_patches.diffs import ApplyError, apply_source
+    from sglang_patches.diffs import apply_source
 
-    try:
-        for line in apply_source(args.sglang_dir, args.version, check_only=args.check):
-            print(line)
-    except ApplyError as e:
-        return _error(e)
+    for line in apply_source(args.sglang_dir, args.version, check_only=args.check):
+        print(line)
     return 0

@@ -3,11 +3,14 @@
 SGLang calls `register()` in every server process (launcher, scheduler, detokenizer,
 DP controller). The installed SGLang must be a reviewed variant (else one log line, no hook);
 then each fix is judged; only active fixes register hooks, and every
-refusal is logged on one line.
+refusal is logged on one line. The list of active fixes is logged once per process on one line
+(`ACTIVE_LINE`), which `parse_active_fixes` reads back from a server log.
 """
 import logging
+from typing import Optional
 
 PLUGIN_NAME = "slime_moe_rollout"
+ACTIVE_LINE = "slime-moe-rollout plugin: active fixes:"
 logger = logging.getLogger("slime_moe_rollout")
 
 _registered = []  # names of fixes whose hooks this process registered
@@ -33,6 +36,14 @@ def register() -> list:
             _registered.append(fix.name)
         elif verdict.state is FixState.REFUSED:
             logger.warning("slime-moe-rollout: fix %s refused: %s", fix.name, verdict.reason)
-    # rollout/cli/engine.py's PLUGIN_LINE parses this line; `patches status` names the variant.
-    logger.warning("slime-moe-rollout plugin: active fixes: %s", ", ".join(_registered) or "none")
+    logger.warning("%s %s", ACTIVE_LINE, ", ".join(_registered) or "none")
     return list(_registered)
+
+
+def parse_active_fixes(text: str) -> Optional[list]:
+    """Fix names from the first `ACTIVE_LINE` in a server log, or None if it was never logged."""
+    for line in text.splitlines():
+        if ACTIVE_LINE in line:
+            rest = line.split(ACTIVE_LINE, 1)[1].strip()
+            return [] if rest == "none" else [x.strip() for x in rest.split(",") if x.strip()]
+    return None

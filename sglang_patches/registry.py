@@ -22,8 +22,8 @@ Adding a variant (e.g. SGLang 0.5.24):
      table's hooks, and prints a draft verdict per fix.
   2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose pins match; re-pin moved targets after
      reading their new source (a new hook in the fix module only where the code moved).
-  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in tests/dp_scenarios_drivers.py
-     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (tests/dp_scenarios.py);
+  3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in sglang_patches/scenarios/drivers.py
+     only if a scenario's API differs; needles that differ in EXPECT_VARIANT (sglang_patches/scenarios/dp.py);
      the version in MATRIX_ENVS (Makefile).
   4. `sglang_patches/diffs/0.5.24/NNNN-<fix>.patch`, one per hooked fix.
   `make test` checks the rest (tests/test_patch_registry.py, test_version_matrix.py, test_diffs.py):
@@ -210,18 +210,30 @@ def detect(ver: Optional[str] = None, fingerprint_fn=None) -> Detection:
                                 f"variant ({names})")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
+    """One fix's state here, and (asked about a configuration) whether that configuration reaches it."""
+
     fix: Fix
     state: FixState
     reason: str = ""
+    needed: Optional[bool] = None  # None: no configuration asked about
+
+    @property
+    def satisfied(self) -> bool:
+        """Nothing left for the user to do about this fix: a good state, or a configuration that does not need it."""
+        return self.state.good or self.needed is False
+
+    def as_dict(self) -> dict:
+        d = {"name": self.fix.name, "family": self.fix.family, "state": self.state.value, "reason": self.reason,
+             "test": self.fix.test, "reference": self.fix.reference}
+        if self.needed is not None:
+            d["needed"] = self.needed
+        return d
 
 
 def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:
     """One fix's state on `where`: a Detection, or an SGLang version string detected here."""
-    from sglang_patches.fingerprint import TargetNotFound, fingerprint
-
-    fingerprint_fn = fingerprint_fn or fingerprint
     d = where if isinstance(where, Detection) else detect(where, fingerprint_fn)
     if d.refusal:
         return Verdict(fix, FixState.REFUSED, d.refusal)
@@ -237,12 +249,23 @@ def judge(fix: Fix, where, fingerprint_fn=None) -> Verdict:
         return Verdict(fix, FixState.DISABLED, f"disabled by {DISABLE_ENV}")
     if idle:
         return Verdict(fix, FixState.IDLE, idle)
-    for hook, want in port.pins.items():
+    problem = pin_problem(port.pins, fingerprint_fn, review=d.review)
+    if problem:
+        return Verdict(fix, FixState.REFUSED, problem)
+    return Verdict(fix, FixState.ACTIVE, f"{len(port.pins)} hook(s)")
+
+
+def pin_problem(pins: dict, fingerprint_fn=None, review: bool = False) -> str:
+    """'' when every pinned target ({Hook: reviewed fingerprint}) has its reviewed source, else the one-line
+    reason (a review judges a moved target anyway, missing ones still refuse)."""
+    from sglang_patches.fingerprint import TargetNotFound, fingerprint
+
+    fingerprint_fn = fingerprint_fn or fingerprint
+    for hook, want in pins.items():
         try:
             got = fingerprint_fn(hook.target)
         except TargetNotFound as e:
-            return Verdict(fix, FixState.REFUSED, f"hook target missing: {e}")
-        if got != want and not d.review:
-            return Verdict(fix, FixState.REFUSED,
-                           f"source of {hook.target} changed (fingerprint {got} != reviewed {want})")
-    return Verdict(fix, FixState.ACTIVE, f"{len(port.pins)} hook(s)")
+            return f"hook target missing: {e}"
+        if got != want and not review:
+            return f"source of {hook.target} changed (fingerprint {got} != reviewed {want})"
+    return ""

@@ -2,7 +2,7 @@
 
 It builds the release's environment (`scripts/setup_sglang_env.sh VERSION`, which needs
 `requirements/sglang-VERSION.txt`), fingerprints every target any port table hooks there, runs the
-scenario list (tests/dp_scenarios.py) on the stock tree and with the plugin judging the tree as the
+scenario list (`sglang_patches.scenarios.dp`) on the stock tree and with the plugin judging the tree as the
 nearest reviewed variant (`registry.REVIEW_AS_ENV`: hooks register whatever the fingerprints say),
 and prints which port fits unchanged, which targets moved, which scenarios fail stock and pass with
 the plugin, and a draft verdict per fix. The verdicts are a draft: read every moved target's source
@@ -10,14 +10,15 @@ before pinning it in a port table.
 """
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from sglang_patches.errors import CliError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ReviewError(Exception):
-    pass
+class ReviewError(CliError):
+    """The review cannot go on (one line, exit 2)."""
 
 
 def short(target: str) -> str:
@@ -53,7 +54,7 @@ def _env_python(version: str) -> Path:
 
 
 def _check_checkout(version: str) -> None:
-    for rel in ("scripts/setup_sglang_env.sh", "tests/dp_scenarios.py", f"requirements/sglang-{version}.txt"):
+    for rel in ("scripts/setup_sglang_env.sh", f"requirements/sglang-{version}.txt"):
         if not (ROOT / rel).exists():
             raise ReviewError(f"review needs a checkout with {rel} (in {ROOT})")
 
@@ -75,10 +76,8 @@ def _installed_fingerprints(python: Path) -> dict:
 
 
 def _scenarios(python: Path, review_as: str) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from scenario_runner import run_states
-
     from sglang_patches.registry import REVIEW_AS_ENV
+    from sglang_patches.scenarios.runner import run_states
 
     return run_states(["both"], python=python, timeout=900, extra_env={"both": {REVIEW_AS_ENV: review_as}})
 
@@ -92,10 +91,8 @@ def nearest(installed: dict, pins: dict) -> str:
 
 def draft(version: str, installed: dict, pins: dict, results: dict, review_as: str) -> list:
     """The report's lines."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from dp_scenarios import KIND
-
     from sglang_patches.registry import VARIANTS, all_fixes, table
+    from sglang_patches.scenarios.dp import KIND
     from sglang_patches.states import FixState
 
     names = [v.name for v in VARIANTS]

@@ -1,12 +1,13 @@
-"""What the plugin does in this environment: SGLang version, entry point, and each fix's state."""
+"""What the plugin does in this environment: SGLang version, entry point, and each fix's `Verdict`."""
+import dataclasses
 import os
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Optional
 
 from sglang_patches.plugin import PLUGIN_NAME
-from sglang_patches.registry import all_fixes, detect, judge
+from sglang_patches.registry import Verdict, all_fixes, detect, judge
 from sglang_patches.states import FixState
-
-GOOD_STATES = tuple(s for s in FixState if s.good)
 
 
 def plugin_problem():
@@ -20,30 +21,39 @@ def plugin_problem():
     return None
 
 
-def collect() -> dict:
+@dataclass(frozen=True)
+class Status:
+    sglang_version: Optional[str]
+    variant: Optional[str]
+    variant_problem: Optional[str]
+    plugin_problem: Optional[str]
+    verdicts: tuple
+
+    @property
+    def ok(self) -> bool:
+        return all(v.satisfied for v in self.verdicts)
+
+    def as_dict(self) -> dict:
+        return {"sglang_version": self.sglang_version, "variant": self.variant,
+                "variant_problem": self.variant_problem, "plugin": PLUGIN_NAME,
+                "plugin_problem": self.plugin_problem, "ok": self.ok, "fixes": [v.as_dict() for v in self.verdicts]}
+
+
+def collect() -> Status:
     found = detect()
     problem = plugin_problem()
-    rows = []
+    verdicts = []
     for fix in all_fixes():
         v = judge(fix, found)
-        state, reason = v.state, v.reason
-        if problem and state is FixState.ACTIVE:
-            state, reason = FixState.REFUSED, problem
-        rows.append(
-            {"name": fix.name, "family": fix.family, "state": state.value, "reason": reason,
-             "test": fix.test, "reference": fix.reference}
-        )
-    ok = all(FixState(r["state"]).good for r in rows)
-    return {"sglang_version": found.version, "variant": found.variant.name if found.variant else None,
-            "variant_problem": found.refusal, "plugin": PLUGIN_NAME, "plugin_problem": problem, "ok": ok, "fixes": rows}
+        if problem and v.state is FixState.ACTIVE:
+            v = dataclasses.replace(v, state=FixState.REFUSED, reason=problem)
+        verdicts.append(v)
+    return Status(found.version, found.variant.name if found.variant else None, found.refusal, problem,
+                  tuple(verdicts))
 
 
-def fixes_for_config(server_args: dict) -> list:
+def fixes_for_config(server_args: dict) -> list[Verdict]:
     """Which fixes a configuration (a dict of ServerArgs fields) needs, and their state here."""
     found = detect()
-    out = []
-    for fix in all_fixes():
-        v = judge(fix, found)
-        needed = bool(fix.needed(server_args)) if fix.needed else False
-        out.append({"name": fix.name, "needed": needed, "state": v.state.value, "reason": v.reason})
-    return out
+    return [dataclasses.replace(v, needed=bool(v.fix.needed(server_args)) if v.fix.needed else False)
+            for v in (judge(fix, found) for fix in all_fixes())]

@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny GLM-4.5 checkpoints and real SGLang CPU engines.
+"""Fixtures and hooks only: the tiny GLM-4.5 checkpoints, the engine pool, per-test budgets (helpers: tests/support/).
 
 Engines are expensive (30-150 s to start on 2 cores) and memory-heavy, so one session-scoped
 pool keeps at most one engine alive: asking for another configuration stops the current one
@@ -6,16 +6,20 @@ first (and checks by PID that its whole process tree is gone), and a slow/e2e te
 use the pool stops the pool's engine before it starts its own. Engines start as the product starts
 them: a preset config's EngineSpec, the local backend, phased readiness.
 """
-import os
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENGINE_BUDGET_S = float(os.environ.get("SLIME_MOE_ROLLOUT_ENGINE_BUDGET", "420"))
+from support import slime_standin
+from support.engines import ENGINE_BUDGET_S, EnginePool
+
 # pytest-timeout budgets (s). The default (pyproject: 300) covers tests without an engine; a test that
 # starts real engines may pay one engine start (ENGINE_BUDGET_S) on top of its own work.
 SLOW_TIMEOUT_S = int(ENGINE_BUDGET_S + 480)
 E2E_TIMEOUT_S = int(ENGINE_BUDGET_S + 900)
+
+
+def pytest_configure(config):
+    """Where slime is not importable, its STAND-IN takes slime's module names (tests/support/slime_standin.py)."""
+    slime_standin.install()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,115 +35,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     return build_tiny_glm(variant="random")
 
 
 @pytest.fixture(scope="session")
 def tiny_match_model():
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     return build_tiny_glm(variant="always-match")
-
-
-def preset(name: str, model_path: str, *, env=None, args=None, api_key=None, **group):
-    """The EngineSpec of preset `name`'s engine (`rollout.config.PRESETS`: a, b, c) serving `model_path`
-    on a free port. `group`: EngineGroup fields to change; `args`: more ServerArgs fields (the group's
-    extra_sglang_args); `env`: more engine environment; `api_key`: "" for a keyless engine."""
-    from rollout import config as rconfig
-    from rollout.net import free_port
-
-    cfg = rconfig.load(name)
-    g = cfg.engine_groups[0]
-    for field, value in group.items():
-        setattr(g, field, value)
-    g.extra_sglang_args.update(args or {})
-    g.env.update(env or {})
-    spec = rconfig.engine_specs(cfg, model_path, ports=[free_port()])[0]
-    if api_key is not None:
-        spec.api_key = api_key
-    return spec
-
-
-def budgets(total_s: float = ENGINE_BUDGET_S):
-    """Readiness budgets of a test engine: HTTP and server status each get `total_s` (a loaded 2-core
-    machine is slow to load and warm up), the probes a third of it."""
-    from training_configs.schema import ReadinessBudgets
-
-    return ReadinessBudgets(process_s=30, http_s=total_s, server_up_s=total_s, health_generate_s=total_s / 3,
-                            dp_probe_s=total_s / 3)
-
-
-def start_engine(spec, log_dir: str, total_s: float = ENGINE_BUDGET_S):
-    """Start `spec` with the local backend and wait through phased readiness (a line per phase on
-    stderr); returns the admitted LocalEngine. Raises ReadinessError / EngineStartError."""
-    import sys
-
-    from rollout.engines.local_backend import LocalBackend
-    from rollout.engines.readiness import LineView, start_ready
-
-    view = LineView(lambda text: print(text, file=sys.stderr, flush=True))
-    engine, _ = start_ready(LocalBackend(log_dir), spec, budgets(total_s), view)
-    return engine
-
-
-def stop_engine(engine) -> tuple:
-    """Stop an engine; (PIDs of its tree before, PIDs still alive after)."""
-    from rollout.engines.process import alive_pids
-
-    pids = engine.tree_pids()
-    engine.stop()
-    return pids, alive_pids(pids)
-
-
-def log_text(engine) -> str:
-    from rollout.cli.engine import log_text as text
-
-    return text(engine)
-
-
-def active_fixes(engine):
-    """Fix names of the plugin's log line in the engine's log (None: the plugin never logged)."""
-    from rollout.cli.engine import parse_active_fixes
-
-    return parse_active_fixes(log_text(engine))
-
-
-class EnginePool:
-    """Starts engines by key; keeps only the latest one alive."""
-
-    def __init__(self, log_dir: str):
-        self.log_dir = log_dir
-        self.key = None
-        self.engine = None
-        self.stopped = {}  # key -> (PIDs of its tree, PIDs left after stop), for orphan checks
-        self.failures = {}  # key -> error text (a start that failed is not retried)
-
-    def get(self, key: str, spec):
-        from rollout.engines.base import EngineStartError
-        from rollout.engines.readiness import ReadinessError
-
-        if key == self.key and self.engine is not None:
-            return self.engine
-        if key in self.failures:
-            pytest.fail(f"engine {key} failed to start earlier: {self.failures[key]}")
-        self.close()
-        try:
-            self.engine = start_engine(spec, os.path.join(self.log_dir, key))
-        except (ReadinessError, EngineStartError) as e:
-            self.failures[key] = str(e)
-            pytest.fail(f"engine {key} did not start: {e}")
-        self.key = key
-        return self.engine
-
-    def close(self):
-        if self.engine is None:
-            return
-        pids, left = stop_engine(self.engine)
-        self.stopped[self.key] = (pids, left)
-        self.key, self.engine = None, None
-        assert not left, f"processes left after stop: {left}"
 
 
 _POOLS = []  # the session's EnginePool, once some test asked for it
@@ -162,85 +67,3 @@ def _no_idle_pool_engine_beside_other_engines(request):
     if _POOLS and marked and "engine_pool" not in request.fixturenames:
         _POOLS[0].close()
     yield
-
-
-# ---- transformers reference ------------------------------------------------------------
-
-_HF = {}
-
-
-def hf_model(path):
-    """The checkpoint in transformers (fp32), cached per path."""
-    if path not in _HF:
-        import logging
-
-        import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        logging.getLogger("transformers").setLevel(logging.ERROR)
-        _HF[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return _HF[path]
-
-
-def hf_router_topk(path, token_ids) -> dict:
-    """{moe_layer: [sorted expert ids per token]} from transformers' router on `token_ids`."""
-    import torch
-
-    m = hf_model(path)
-    cap, handles = {}, []
-    for i, layer in enumerate(m.model.layers):
-        if hasattr(layer.mlp, "gate"):
-            handles.append(layer.mlp.gate.register_forward_hook(lambda mod, a, out, i=i: cap.__setitem__(i, out[2])))
-    try:
-        with torch.no_grad():
-            m(torch.tensor([list(token_ids)]))
-    finally:
-        for h in handles:
-            h.remove()
-    return {i: [sorted(r) for r in t.tolist()] for i, t in cap.items()}
-
-
-def hf_greedy(path, token_ids, n) -> list:
-    import torch
-
-    m = hf_model(path)
-    with torch.no_grad():
-        out = m.generate(torch.tensor([list(token_ids)]), max_new_tokens=n, do_sample=False)
-    return out[0, len(token_ids):].tolist()
-
-
-def decode_routed(b64: str, num_layers: int, topk: int):
-    import numpy as np
-    import pybase64
-
-    arr = np.frombuffer(pybase64.b64decode(b64), dtype=np.int32)
-    return arr.reshape(-1, num_layers, topk)
-
-
-def generate(engine, input_ids, n, **extra) -> dict:
-    import requests
-
-    from rollout.net import auth_headers
-
-    body = {"input_ids": list(input_ids), "sampling_params": {"max_new_tokens": n, "temperature": 0},
-            "return_routed_experts": engine.spec.group.routed_experts}
-    body.update(extra)
-    r = requests.post(engine.url + "/generate", headers=auth_headers(engine.api_key), json=body, timeout=600)
-    assert r.status_code == 200, r.text[:500]
-    return r.json()
-
-
-class RemoteEngine:
-    """An engine handle without a local process (a Ray / remote engine): the monitor sees only HTTP."""
-    backend = "ray"
-
-    def __init__(self, url):
-        self.name, self.url, self.api_key = "e0", url, "k"
-
-    def alive(self):
-        return True
-
-    def exit_reason(self):
-        return "running"

@@ -19,7 +19,7 @@ import threading
 import time
 
 import requests
-from conftest import stop_engine
+from support.engines import stop_engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -29,7 +29,7 @@ SERVER_INFO_KEYS = ("version", "dp_size", "attn_dp_size", "enable_dp_attention",
 
 
 def _engine(spec, name):
-    from conftest import start_engine
+    from support.engines import start_engine
 
     return start_engine(spec, f"/tmp/record-real-answers/{name}", 600)
 
@@ -63,9 +63,9 @@ def _shape(body: dict) -> dict:
 
 
 def record_abort() -> dict:
-    from conftest import preset
+    from support.engines import preset
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     eng = _engine(preset("a", build_tiny_glm(), max_running_requests=1), "abort")
     try:
@@ -95,9 +95,9 @@ def record_abort() -> dict:
 
 
 def record_dp(kind: str) -> dict:
-    from conftest import preset
+    from support.engines import preset
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     if kind == "dp-attn":   # the schema's way: DP attention inside tp
         shape = dict(tp=2, dp=2, gpus_per_engine=2, enable_dp_attention=True, args={"attention_backend": "intel_amx"})
@@ -122,9 +122,9 @@ def record_dp(kind: str) -> dict:
 
 
 def record_prefix_cache() -> dict:
-    from conftest import preset
+    from support.engines import preset
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     def ask(eng, ids, rank, n=4):
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}}

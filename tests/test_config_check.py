@@ -7,11 +7,13 @@ import pytest
 import yaml
 
 from rollout.cli import main
+from sglang_patches.states import FixState
 from training_configs.schema import load_config, shipped_configs
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = os.path.join(HERE, "training_configs", "glm4.5-355b-a32b.yaml")
 TINY = os.path.join(HERE, "training_configs", "tiny-cpu-dpattn.yaml")
+R3 = os.path.join(HERE, "training_configs", "tiny-cpu-r3.yaml")
 
 
 def _raw(path):
@@ -57,7 +59,9 @@ MALFORMED = [
     ("dup-group", SEED, {"engine_groups.1": "COPY0", "cluster.nodes": 64}, "duplicate group name 'main'"),
     ("too-many-gpus", TINY, {"engine_groups.0.engines": 3}, "12 GPUs requested but cluster has 1x4 = 4"),
     ("megatron-cp", SEED, {"megatron.cp": 3}, "world size 128 is not divisible by tp*pp*cp = 96"),
-    ("megatron-ep", SEED, {"megatron.ep": 7}, "megatron.ep: num_experts 160 is not divisible by ep 7"),
+    ("megatron-ep", SEED, {"megatron.ep": 7}, "megatron.ep: ep*etp 7 does not divide the per-stage world size 32"),
+    ("megatron-ep-experts", TINY, {"megatron": {"ep": 3, "actor_num_gpus_per_node": 3}},
+     "megatron.ep: num_experts 16 is not divisible by ep 3"),
     ("megatron-sp-tp1", SEED, {"megatron.tp": 1}, "sequence_parallel: needs tp > 1"),
     ("spec-algorithm", TINY, {"engine_groups.0.speculative.algorithm": "MEDUSA"}, "'MEDUSA' is not one of"),
     ("spec-topk1-draft", SEED, {"engine_groups.0.speculative.num_draft_tokens": 5},
@@ -65,6 +69,14 @@ MALFORMED = [
     ("spec-tree-too-small", SEED, {"engine_groups.0.speculative.eagle_topk": 2,
                                    "engine_groups.0.speculative.num_steps": 2,
                                    "engine_groups.0.speculative.num_draft_tokens": 10}, "exceeds the draft tree"),
+    ("r3-eagle-topk", SEED, {"engine_groups.0.speculative.eagle_topk": 2},
+     "engine_groups[0].speculative.eagle_topk: 2 with routed experts: SGLang's capture rows do not follow"),
+    ("r3-eagle-topk-extra", R3, {"engine_groups.0.extra_sglang_args": {
+        "speculative_algorithm": "NEXTN", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 4}},
+     "engine_groups[0].extra_sglang_args.speculative_eagle_topk: 2 with routed experts: SGLang's capture rows"),
+    ("r3-ngram-extra", R3, {"engine_groups.0.extra_sglang_args": {"speculative_algorithm": "NGRAM"}},
+     "engine_groups[0].extra_sglang_args.speculative_algorithm: NGRAM with routed experts"),
     ("eagle-no-mtp", SEED, {"model.num_nextn_predict_layers": 0}, "num_nextn_predict_layers is 0"),
     ("eagle3-no-draft", SEED, {"engine_groups.0.speculative.algorithm": "EAGLE3"}, "EAGLE3 needs a draft model"),
     ("standalone-dp-attn", SEED, {"engine_groups.0.speculative.algorithm": "STANDALONE",
@@ -166,15 +178,15 @@ def test_shipped_configs_pass_with_sglang():
         rep = check_file(p)
         for g in rep.groups:
             assert g.derived.source.startswith("sglang ")
-            names = {f["name"] for f in g.fixes}
+            names = {v.fix.name for v in g.fixes}
             assert g.fixes, "fixes_for_config returned nothing"
-            assert all({"name", "needed", "state"} <= set(f) for f in g.fixes)
+            assert all(isinstance(v.state, FixState) and v.needed in (True, False) for v in g.fixes)
         if rep.config.name == "glm4.5-355b-a32b":
             d = rep.groups[0].derived
             assert (d.attn_tp_size, d.require_mlp_tp_gather, d.require_attn_tp_gather) == (8, True, True)
             # the config states require_mlp_tp_gather False: SGLang disagrees with a2a "none"
             assert any("require_mlp_tp_gather = False" in w and "deepep" in w for w in rep.warnings), rep.warnings
-            needed = {f["name"] for f in rep.groups[0].fixes if f["needed"]}
+            needed = {v.fix.name for v in rep.groups[0].fixes if v.needed}
             assert "capturer-extent" in needed and "draft-extend-real-rows" in needed, names
 
 
@@ -216,3 +228,25 @@ def test_schema_loads_what_the_manager_needs():
     assert cfg.model.build == "tiny-glm45" and cfg.cluster.device == "cpu"
     assert g.engines == 2 and g.routed_experts and g.env == {}   # the CPU device profile sets the engine env
     assert cfg.rollout.budgets.total_s > 0 and cfg.rollout.health.failures >= 1
+
+
+def test_config_schema_accepts_the_shipped_configs_and_names_a_bad_field(capsys):
+    """`config schema` is a JSON schema an editor can check a file with: every shipped config passes it; a
+    string where an integer belongs and an unknown key fail it, at the field `config check` names."""
+    import json
+
+    import jsonschema
+
+    assert main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    for path in shipped_configs():
+        jsonschema.validate(_raw(path), schema)
+    bad = _raw(TINY)
+    bad["engine_groups"][0]["tp"] = "two"
+    with pytest.raises(jsonschema.ValidationError) as e:
+        jsonschema.validate(bad, schema)
+    assert list(e.value.absolute_path) == ["engine_groups", 0, "tp"]
+    bad = _raw(TINY)
+    bad["rollout"]["bse_port"] = 30000
+    with pytest.raises(jsonschema.ValidationError, match="'bse_port' was unexpected"):
+        jsonschema.validate(bad, schema)

@@ -3,6 +3,7 @@ a stand-in pool engine records the stop)."""
 import pytest
 
 import conftest
+from support.engines import EnginePool
 
 
 class _StandInEngine:
@@ -19,7 +20,7 @@ class _StandInEngine:
 
 @pytest.fixture
 def pool_with_engine(tmp_path):
-    pool = conftest.EnginePool(str(tmp_path))
+    pool = EnginePool(str(tmp_path))
     pool.key, pool.engine = "x", _StandInEngine()
     conftest._POOLS.append(pool)
     yield pool

@@ -304,7 +304,7 @@ print("GUARD " + json.dumps({"variant": detect().variant.name, "event_loop": fin
 def test_dp_controller_idle_unreachable_on_older_variants():
     """The same busy-poll on every release; where the DP controller process never loads plugins (up to
     0.5.21) the fix is not-needed, where it does (0.5.22, 0.5.23) it is hooked."""
-    from scenario_runner import env_python
+    from sglang_patches.scenarios.runner import env_python
 
     from sglang_patches.cpu.fixes import dp_controller_idle as d
     from sglang_patches.registry import VARIANTS, table

@@ -278,7 +278,7 @@ def greedy_runs(engine, prompts_, n, **extra):
     """One request alone, then three at once (a batch of 3 pads to the bs-4 graph)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import generate
+    from support.engines import generate
 
     def one(i):
         out = generate(engine, prompts_[i % len(prompts_)], n, return_logprob=True, **extra)
@@ -296,7 +296,7 @@ def greedy_runs(engine, prompts_, n, **extra):
 @pytest.mark.timeout(1500)
 def test_decode_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """DecodeCudaGraphRunner replayed on CPU gives what the eager engine gives, token for token."""
-    from conftest import log_text, preset
+    from support.engines import log_text, preset
     from test_engine_single import check_routed, prompts
 
     ps = prompts(tiny_match_model)
@@ -323,7 +323,7 @@ PREFILL_REPLAYED = re.compile(r"Prefill batch, #new-seq: 1, #new-token: (\d+),.*
 def test_prefill_graph_one_rank_equals_eager(engine_pool, tiny_match_model):
     """PrefillCudaGraphRunner replayed on CPU (each 14-token prompt padded to the 16-token graph) gives
     what the eager engine gives: tokens, and routed experts whose prompt rows the replay captured."""
-    from conftest import generate, log_text, preset
+    from support.engines import generate, log_text, preset
     from test_engine_single import check_routed, prompts
 
     ps = prompts(tiny_match_model)   # two prompts, no shared prefix: each prefill is a fresh 14 tokens
@@ -348,7 +348,7 @@ DP_RANKS = (0, 1)
 
 
 def preset_c(model):
-    from conftest import preset
+    from support.engines import preset
 
     return preset("c", model)
 
@@ -362,7 +362,7 @@ def per_rank_results(engine, model, n=9, copies=1):
     (`copies` times each, so a DP rank runs 2 x copies requests together)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import generate
+    from support.engines import generate
     from test_engine_single import prompts
 
     jobs = [(ids, rank) for rank in DP_RANKS for ids in prompts(model) for _ in range(copies)]
@@ -378,9 +378,10 @@ def per_rank_results(engine, model, n=9, copies=1):
 
 def wrong_rows(model, ids, out) -> list:
     """Positions whose routed experts differ from transformers' router (any MoE layer)."""
-    from conftest import decode_routed, hf_router_topk
+    from support.engines import decode_routed
+    from support.hf import hf_router_topk
 
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
 
     seq = list(ids) + out["output_ids"][:-1]  # SGLang reports P+O-1 rows
     routed = decode_routed(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
@@ -401,7 +402,8 @@ def ranks_replaying(log: str, mode: str = "TARGET_VERIFY") -> set:
 def test_c_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """Configuration (c), verify through DecodeCudaGraphRunner replays on both DP ranks: tokens and
     routed experts equal transformers on every rank and token."""
-    from conftest import hf_greedy, log_text
+    from support.engines import log_text
+    from support.hf import hf_greedy
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs")
     res = per_rank_results(eng, tiny_match_model)
@@ -422,7 +424,8 @@ def test_c_graphs_without_capturer_extent_corrupts_rank_1(engine_pool, tiny_matc
     count, so DP rank 1 reads its routed experts at stride `bs` instead of `bs * 3` draft tokens.
     Tokens stay right; every generated row on rank 1 comes back with another row's experts
     (measured: rows 14-21 of 22, the prompt rows from eager prefill stay right); rank 0 is right."""
-    from conftest import active_fixes, hf_greedy, log_text
+    from support.engines import active_fixes, log_text
+    from support.hf import hf_greedy
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs-no-capturer-extent", disable=("capturer-extent",))
     assert "capturer-extent" not in active_fixes(eng)
@@ -443,7 +446,7 @@ def both_ranks_at_once(engine, model, n=9) -> list:
     graph replays under DP attention only when every DP rank prefills in the same step)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import generate
+    from support.engines import generate
     from test_engine_single import prompts
 
     def one(job):
@@ -464,7 +467,7 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
     """`capturer-extent` off, prefill graphs on under DP attention: the prefill replay leaves the
     capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`
     (`dp_rank * cuda_graph_batch`) at the first prefill that both DP ranks run in one step."""
-    from conftest import active_fixes, log_text
+    from support.engines import active_fixes, log_text
 
     eng = engine_pool.get("c-prefill-graphs-no-capturer-extent", with_graphs(
         preset_c(tiny_match_model), prefill=PREFILL_GRAPH, disable=("capturer-extent",)))
@@ -483,7 +486,8 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
 def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """The same engine and requests with the fix set: prefill replays on both DP ranks, tokens and
     routed experts equal transformers on every rank and token."""
-    from conftest import hf_greedy, log_text
+    from support.engines import log_text
+    from support.hf import hf_greedy
 
     eng = engine_pool.get("c-prefill-graphs", with_graphs(preset_c(tiny_match_model), prefill=PREFILL_GRAPH))
     outs = both_ranks_at_once(eng, tiny_match_model)
@@ -505,7 +509,7 @@ ROWS_OVERFLOW = "The expanded size of the tensor (16) must match the existing si
 
 
 def short_buffer_engine_spec(model, disable=()):
-    from conftest import preset
+    from support.engines import preset
 
     return with_graphs(preset("c", model, **SHORT_BUFFER), disable=disable)
 
@@ -514,7 +518,7 @@ def failed_start_log(spec, log_dir, text) -> str:
     """Start an engine that must not come up; its whole log once `text` is in it or it exited."""
     import time
 
-    from conftest import ENGINE_BUDGET_S, log_text, stop_engine
+    from support.engines import ENGINE_BUDGET_S, log_text, stop_engine
 
     from rollout.engines.local_backend import LocalBackend
 
@@ -552,7 +556,8 @@ def test_c_graphs_without_routed_experts_rows_crash_at_capture(tmp_path, tiny_ma
 def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """The same settings with the fix set: the buffer grows to at least 4 x 3 x 2 = 24 rows (after
     SGLang's 16), verify replays on both DP ranks, tokens and routed experts equal transformers."""
-    from conftest import active_fixes, hf_greedy, log_text
+    from support.engines import active_fixes, log_text
+    from support.hf import hf_greedy
 
     eng = engine_pool.get("c-graphs-short-buffer", short_buffer_engine_spec(tiny_match_model))
     assert "routed-experts-rows" in active_fixes(eng)
@@ -588,7 +593,7 @@ verify_padding_lcm.request_width = _server_wide_k
 
 
 def lcm_engine_spec(model, shim_dir=None):
-    from conftest import preset
+    from support.engines import preset
 
     spec = with_graphs(preset("c", model, **LCM_ARGS))
     if shim_dir:
@@ -609,7 +614,7 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
 
     import requests
 
-    from conftest import active_fixes, generate, log_text
+    from support.engines import active_fixes, generate, log_text
     from test_engine_single import prompts
 
     eng = engine_pool.get("c-graphs-old-lcm", lcm_engine_spec(tiny_match_model, shim_dir=str(tmp_path)))
@@ -633,7 +638,8 @@ def test_c_verify_padding_lcm_leaves_draft_decode_alone(engine_pool, tiny_match_
     """The same engine with the hook as shipped (only batches whose requests are k tokens wide are
     aligned to 6): 4 requests a DP rank at once, verify replays on both ranks, tokens and routed
     experts equal transformers on every rank and token."""
-    from conftest import active_fixes, hf_greedy, log_text
+    from support.engines import active_fixes, log_text
+    from support.hf import hf_greedy
 
     eng = engine_pool.get("c-graphs-lcm", lcm_engine_spec(tiny_match_model))
     assert "verify-padding-lcm" in active_fixes(eng)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scenario_runner import env_python, run_states
+from sglang_patches.scenarios.runner import env_python, run_states
 from sglang_patches.diffs import patches, variants
 
 SITE_SGLANG = Path(__import__("importlib.util").util.find_spec("sglang").origin).parent
@@ -170,7 +170,7 @@ def test_patched_variant_tree_passes_its_scenarios_without_plugin(tmp_path, vari
 
 def _fixed_as_with_plugin(res, variant):
     """Every scenario the plugin must get right on `variant` is right on the patched tree."""
-    import dp_scenarios
+    from sglang_patches.scenarios import dp as dp_scenarios
 
     for name, (_, plugin_ok) in dp_scenarios.expected(variant).items():
         if plugin_ok:

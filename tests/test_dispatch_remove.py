@@ -1,19 +1,19 @@
 """Dispatcher: an attempt cancelled by remove() is re-sent; any other cancellation of the caller propagates.
 
 The attempt runs inside the caller's task (no task per request, for speed), so these pin the two
-cancellations apart. Engines are loopback aiohttp stand-ins answering like SGLang's /generate.
+cancellations apart. Engines are the fake SGLang server (tests/support/fake_sglang.py), one hanging.
 """
 import asyncio
 
 import aiohttp
 import pytest
 from aiohttp import web
-from loopback import start_app
+from support.fake_sglang import FakeSGLang, answer
 
 from rollout.dispatch import Dispatcher
 from rollout.types import Sample
 
-BODY = {"text": "", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": {"type": "length"}}}
+BODY = dict(answer([7], {"type": "length", "length": 1}, logprob=-0.5), text="")
 
 
 class _Eng:
@@ -31,10 +31,8 @@ async def _server(hang: bool):
             await asyncio.sleep(3600)
         return web.json_response(BODY)
 
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    runner, port = await start_app(app)
-    return runner, port, got
+    server = await FakeSGLang({"/generate": generate}, shutdown_timeout=0.5).serve()
+    return server.runner, server.port, got
 
 
 @pytest.mark.timeout(60)

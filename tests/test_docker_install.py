@@ -60,7 +60,7 @@ BASES = {"0.5.23": None, "0.5.15.post1": "0.5.15.post1"}  # base image SGLang ->
 @pytest.mark.parametrize("sglang", list(BASES))
 def test_real_install_in_a_temporary_venv(tmp_path, sglang):
     """The "base image" is .venv (0.5.23) or the version-matrix env of 0.5.15.post1 (slime's SGLang)."""
-    from scenario_runner import env_python
+    from sglang_patches.scenarios.runner import env_python
 
     base_py = sys.executable
     if BASES[sglang]:

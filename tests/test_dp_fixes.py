@@ -1,6 +1,6 @@
 """Regression tests for the DP-attention fix set, on real SGLang 0.5.23 code (the main environment).
 
-Each scenario in `dp_scenarios.py` runs twice, in separate processes: with SGLang's own
+Each scenario in `sglang_patches/scenarios/dp.py` runs twice, in separate processes: with SGLang's own
 `load_plugins()` discovering our installed entry point, and with `SGLANG_PLUGINS=none` (stock
 SGLang). What each must show follows from 0.5.23's port table (`dp_scenarios.expected`): a hooked
 fix's defects fail stock with their needle and pass with the plugin; everything else passes both.
@@ -8,7 +8,7 @@ fix's defects fail stock with their needle and pass with the plugin; everything 
 """
 import pytest
 
-import dp_scenarios
+from sglang_patches.scenarios import dp as dp_scenarios
 
 VARIANT = "0.5.23"
 
@@ -119,6 +119,6 @@ def test_every_fix_has_scenarios():
 
 @pytest.fixture(scope="module")
 def dp_results():
-    from scenario_runner import run_states
+    from sglang_patches.scenarios.runner import run_states
 
     return run_states(["both"])

@@ -5,7 +5,8 @@ DP attention tp 4 / dp 2 (attn_tp 2), ep 4, moe-dense-tp 1, dp-lm-head, NEXTN (2
 Every DP rank is pinned in turn (`routed_dp_rank`) and compared with transformers.
 """
 import pytest
-from conftest import active_fixes, generate, hf_greedy, preset
+from support.engines import active_fixes, generate, preset
+from support.hf import hf_greedy
 from test_engine_single import check_routed, prompts
 
 from rollout.net import auth_headers
@@ -80,9 +81,12 @@ def test_c_without_dp_fixes_same_results(engine_pool, tiny_match_model):
     capture buffers shorter than a graph bucket). With CPU graph replay on, tests/test_cpu_graphs.py
     reaches capturer-extent and routed-experts-rows. This guard says the eager default is unaffected.
     """
-    from sglang_patches.registry import all_fixes
+    from sglang_patches.registry import all_fixes, detect, judge
+    from sglang_patches.states import FixState
 
-    dp_fixes = [f.name for f in all_fixes() if f.family == "dp-attention" and not f.upstream]
+    here = detect()  # the fixes that hook this release (ports are data: per variant, not per fix)
+    dp_fixes = [f.name for f in all_fixes() if f.family == "dp-attention" and judge(f, here).state is FixState.ACTIVE]
+    assert dp_fixes, "no DP-attention fix hooks this SGLang: nothing to disable"
     eng = engine_pool.get("c-no-dp-fixes", preset("c", tiny_match_model,
                                                   env={"SLIME_MOE_ROLLOUT_DISABLE": ",".join(dp_fixes)}))
     assert not set(dp_fixes) & set(active_fixes(eng))

@@ -6,12 +6,13 @@ asks the session engine pool for its configuration; the pool keeps one engine al
 import requests
 
 import pytest
-from conftest import active_fixes, decode_routed, generate, hf_greedy, hf_router_topk, log_text, preset
+from support.engines import active_fixes, decode_routed, generate, log_text, preset
+from support.hf import hf_greedy, hf_router_topk
 
 from rollout.cli.engine import parse_startup_timings
 from rollout.engines.process import alive_pids, rss
 from rollout.net import auth_headers
-from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
+from rollout.models.tiny import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ def run_child(model: str, prompts: list, budget_s: float, disable: str) -> dict:
     import tempfile
     import time
 
-    from conftest import active_fixes, generate, preset, start_engine, stop_engine
+    from support.engines import active_fixes, generate, preset, start_engine, stop_engine
 
     from sglang_patches.registry import sglang_version
 
@@ -116,7 +116,7 @@ def test_thread_binding_on_0_5_16():
 
 
 def engine_a_on(version, model, prompts, disable=""):
-    from conftest import ENGINE_BUDGET_S
+    from support.engines import ENGINE_BUDGET_S
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     p = subprocess.run([python_of(version), __file__, model, json.dumps(prompts), str(ENGINE_BUDGET_S), disable],
@@ -146,10 +146,11 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
     """capture-snapshot disabled (stock 0.5.15.post1 capture): under overlap scheduling prompt row 0 and
     every decode row hold the experts of the token the next forward ran (prompt row 0: the first
     generated token; decode row r: row r + 1), and the other prompt rows are right."""
-    from conftest import decode_routed, hf_router_topk
+    from support.engines import decode_routed
+    from support.hf import hf_router_topk
     from test_engine_single import prompts
 
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
 
     ids = prompts(tiny_model)
     got = engine_a_on("0.5.15.post1", tiny_model, ids, disable="capture-snapshot")

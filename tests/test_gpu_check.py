@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scenario_runner import ROOT
+from support import ROOT
 from test_version_matrix import python_of
 
 GPU = ROOT / "scripts" / "gpu_check"
@@ -255,7 +255,7 @@ def test_moe_align_contract_catches_a_wrong_layout():
 # ---------------------------------------------------------------- engine commands
 
 def test_engine_commands_resolve_through_sglang_server_args(tmp_path):
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     model = build_tiny_glm(str(tmp_path / "tiny"), variant="random")
     r = subprocess.run([str(python_of(V15)), str(GPU / "plan.py"), "resolve", model], cwd=ROOT,
@@ -285,8 +285,8 @@ def test_engine_checks_cli_parses_without_cuda():
 
 
 def test_router_reference_equals_the_tests_reference(tiny_model):
-    """engine_checks.Router (transformers' router, on the GPU there) = tests/conftest.hf_router_topk."""
-    from conftest import hf_router_topk
+    """engine_checks.Router (transformers' router, on the GPU there) = tests/support/hf.py hf_router_topk."""
+    from support.hf import hf_router_topk
     from engine_checks import Router, prompts
 
     router = Router(tiny_model, device="cpu")
@@ -299,7 +299,7 @@ import json, sys
 sys.path[:0] = sys.argv[2:]
 import transformers
 from engine_checks import Router, prompts
-from rollout.tiny_model import expected_experts
+from rollout.models.tiny import expected_experts
 r = Router(sys.argv[1], device="cpu")
 print(json.dumps({"transformers": transformers.__version__,
                   "equal": [all(r(s)[layer] == expected_experts(s, layer) for layer in (1, 2)) for s in prompts(3)]}))

@@ -16,9 +16,9 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from support.fake_sglang import FakeSGLang
 
-from conftest import RemoteEngine
+from support.engines import RemoteEngine
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 
 
@@ -44,11 +44,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
             state["busy_us"] += 1000
         return web.json_response(_loads(1000.0 + state["busy_us"], state["busy_us"]))
 
-    app = web.Application()
-    app.router.add_get("/health_generate", health)
-    app.router.add_get("/v1/loads", loads)
-    server = TestServer(app)
-    await server.start_server()
+    server = await FakeSGLang({"/health_generate": health, "/v1/loads": loads}).serve()
     dead = []
 
     async def on_dead(engine, reason):
@@ -57,7 +53,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
     try:
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 5), on_dead, interval_s=0.05, failures=failures, alive_poll_s=0.02)
-            eng = RemoteEngine(str(server.make_url("")).rstrip("/"))
+            eng = RemoteEngine(server.url)
             t0 = time.monotonic()
             m.watch(eng)
             m.start()
@@ -67,7 +63,7 @@ async def _monitor(mode, run_s=1.5, failures=2):
             await m.stop()
             return history, [(t - t0, r) for t, r in dead]
     finally:
-        await server.close()
+        await server.cleanup()
 
 
 @pytest.mark.timeout(60)

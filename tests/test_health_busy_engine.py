@@ -18,7 +18,7 @@ import time
 import aiohttp
 import pytest
 import requests
-from conftest import preset
+from support.engines import preset
 
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 from rollout.net import auth_headers

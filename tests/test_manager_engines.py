@@ -22,7 +22,7 @@ from rollout.manager import RolloutManager
 from rollout.net import free_port
 from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
-from rollout.tiny_model import NUM_LAYERS, TOP_K, expected_experts
+from rollout.models.tiny import NUM_LAYERS, TOP_K, expected_experts
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,14 +7,12 @@ scenarios are in tests/test_manager_engines.py. Where the manager depends on an 
 was recorded answering (tests/facts/, written by tests/record_real_answers.py).
 """
 import asyncio
-import json
-import os
-import threading
 
 import numpy as np
 import pybase64
 import pytest
 from aiohttp import web
+from support.fake_sglang import FakeSGLang, answer, queued_abort_answer
 
 from rollout.config import EngineSpec
 from rollout.net import free_port
@@ -27,12 +25,6 @@ from training_configs.schema import EngineGroup, HealthConfig, ModelConfig, Read
 pytestmark = pytest.mark.timeout(60)   # stand-ins answer in milliseconds: fail fast
 
 MODEL = ModelConfig(path="standin", num_layers=3, num_experts=8, topk=2, first_k_dense_replace=1)
-FACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "facts")
-
-
-def fact(name: str) -> dict:
-    with open(os.path.join(FACTS, f"sglang-0.5.23-{name}.json")) as fh:
-        return json.load(fh)
 
 
 def experts_of(token: int, layer: int) -> list:
@@ -50,71 +42,30 @@ def routed_payload(tokens: list, start: int = 0) -> str:
     return pybase64.b64encode(arr.tobytes()).decode()
 
 
-def queued_abort_answer() -> dict:
-    """What SGLang 0.5.23 answers a request aborted while still queued (recorded): no routed experts."""
-    rec = fact("abort")["queued"][0]
-    values = {"completion_tokens": 0, "output_token_logprobs": [], "output_token_logprobs_length": 0,
-              "input_token_logprobs": [], "finish_reason": rec["finish_reason"], "weight_version": "default",
-              "weight_versions": [], "id": "x", "e2e_latency": 0.01, "response_sent_to_client_ts": 0.0}
-    assert set(values) == set(rec["meta_info_keys"]), "stand-in out of date with tests/facts"
-    return {"output_ids": [], "meta_info": values}
-
-
-class StandinEngine:
-    """A fake SGLang server (aiohttp, own thread + loop) and the Engine handle for it."""
+class StandinEngine(FakeSGLang):
+    """The fake SGLang server on the spec's port, with a token rule, queueing, aborts and stragglers, and the
+    Engine handle for it."""
 
     backend = "standin"
 
     def __init__(self, spec, token_s=0.002, fail_health=False, slow_from=None, max_running=None, server_info=None):
+        super().__init__({"/generate": lambda r: self._generate(r),  # looked up per request: a test may wrap it
+                          "/health_generate": self._health, "/abort_request": self._abort_req},
+                         host=spec.host, port=spec.port, server_info=server_info)
         self.spec, self.token_s, self.fail_health = spec, token_s, fail_health
         self.slow_from = slow_from  # prompts whose first id is >= this decode 20x slower (stragglers)
         self.max_running = max_running  # like --max-running-requests: the rest wait in a queue
-        self.server_info = server_info or fact("abort")["server_info"]  # recorded /server_info fields
         self.queued_aborts = 0
         self.requests, self.aborts, self.inflight_max, self._inflight, self._running = [], 0, 0, 0, 0
-        self._abort = asyncio.Event
         self._killed = False
-        self._ready = threading.Event()
-        self.thread = threading.Thread(target=self._main, daemon=True)
-        self.thread.start()
-        self._ready.wait(10)
+        self.start()
+        self.abort_all = asyncio.run_coroutine_threadsafe(_event(), self.loop).result(10)
 
     name = property(lambda self: self.spec.name)
     url = property(lambda self: self.spec.url)
     api_key = property(lambda self: self.spec.api_key)
     pid = 0
     log_path = "/dev/null"
-
-    def _main(self):
-        self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self._serve())
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _serve(self):
-        self.abort_all = asyncio.Event()
-        app = web.Application()
-        async def model_info(r):
-            return web.json_response({"weight_version": "default"})
-
-        async def ready(r):
-            return web.Response(status=200)
-
-        async def server_info(r):
-            return web.json_response(self.server_info)
-
-        app.router.add_get("/model_info", model_info)
-        app.router.add_get("/ready", ready)
-        app.router.add_get("/server_info", server_info)
-        app.router.add_get("/health_generate", self._health)
-        async def generate(r):  # looked up per request, so a test can wrap it
-            return await self._generate(r)
-
-        app.router.add_post("/generate", generate)
-        app.router.add_post("/abort_request", self._abort_req)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, self.spec.host, self.spec.port).start()
 
     async def _health(self, request):
         return web.Response(status=503 if self.fail_health else 200)
@@ -136,8 +87,7 @@ class StandinEngine:
             n = body["sampling_params"]["max_new_tokens"]
             out, finish = [], {"type": "length", "length": n}
             if body.get("sampling_params", {}).get("max_new_tokens") == 1 and len(ids) == 1:
-                rank = body.get("routed_dp_rank")
-                return web.json_response({"meta_info": {"completion_tokens": 1, "dp_rank": rank}})
+                return web.json_response(answer([3], finish, dp_rank=body.get("routed_dp_rank")))
             while self.max_running is not None and self._running >= self.max_running:
                 if self.abort_all.is_set():
                     self.queued_aborts += 1
@@ -155,11 +105,9 @@ class StandinEngine:
                 await asyncio.sleep(self.token_s * (20 if slow else 1))
                 out.append((sum(ids) + i) % 97 + 3)
             self._running -= 1
-            meta = {"output_token_logprobs": [[-1.0, t, None] for t in out], "finish_reason": finish,
-                    "weight_version": "default", "completion_tokens": len(out), "dp_rank": None}
-            if body.get("return_routed_experts"):
-                meta["routed_experts"] = routed_payload(ids + out, body.get("routed_experts_start_len", 0))
-            return web.json_response({"output_ids": out, "meta_info": meta})
+            routed = routed_payload(ids + out, body.get("routed_experts_start_len", 0)) \
+                if body.get("return_routed_experts") else None
+            return web.json_response(answer(out, finish, prompt_tokens=len(ids), routed_experts=routed))
         finally:
             self._inflight -= 1
 
@@ -177,7 +125,7 @@ class StandinEngine:
         """Like kill -9: the server vanishes, open connections are dropped."""
         if not self._killed:
             self._killed = True
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+            self.drop()
 
     def stop(self):
         self.kill()
@@ -185,6 +133,10 @@ class StandinEngine:
 
     def leftover_pids(self):
         return []
+
+
+async def _event():
+    return asyncio.Event()
 
 
 class StandinBackend:

@@ -14,9 +14,9 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from support.fake_sglang import FakeSGLang
 
-from conftest import RemoteEngine
+from support.engines import RemoteEngine
 from rollout.engines.health import NO_ANSWER, HealthMonitor, http_probe
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,14 +44,9 @@ async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
     async def loads(request):
         return web.Response(status=404)  # no progress signal: every probe fails
 
-    app = web.Application()
-    app.router.add_get("/health_generate", health)
-    app.router.add_get("/v1/loads", loads)
-    runner = web.AppRunner(app, handler_cancellation=False)  # SGLang's handler outlives its client
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]
+    server = await FakeSGLang({"/health_generate": health, "/v1/loads": loads},
+                              handler_cancellation=False).serve()  # SGLang's handler outlives its client
+    url = server.url
     try:
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 0.2), lambda e, r: asyncio.sleep(0), interval_s=0.1, failures=1000,
@@ -66,7 +61,7 @@ async def _held_probes(server_window_s, hold_s, run_s=3.0, enough=None):
     finally:
         done.set()  # the held handlers end before the server closes
         await asyncio.sleep(0.2)
-        await runner.cleanup()
+        await server.cleanup()
     return held, history
 
 
@@ -87,20 +82,17 @@ def test_without_the_rule_probes_pile_up():
 def test_answered_probe_does_not_hold():
     """A 503 or 200 ended SGLang's handler: the next probe follows at the interval."""
     async def go():
-        app = web.Application()
-        app.router.add_get("/health_generate", lambda r: asyncio.sleep(0, web.Response(status=200)))
-        server = TestServer(app)
-        await server.start_server()
+        server = await FakeSGLang().serve()   # /health_generate answers 200 at once
         async with aiohttp.ClientSession() as s:
             m = HealthMonitor(http_probe(s, 5), lambda e, r: asyncio.sleep(0), interval_s=0.05, failures=3,
                               alive_poll_s=0.01, server_window_s=30)
-            m.watch(RemoteEngine(str(server.make_url("")).rstrip("/")))
+            m.watch(RemoteEngine(server.url))
             m.start()
             t0 = time.monotonic()
             while len(m.history) < 5 and time.monotonic() - t0 < 10:
                 await asyncio.sleep(0.05)
             await m.stop()
-        await server.close()
+        await server.cleanup()
         return list(m.history)
 
     history = asyncio.run(go())

@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 import requests
 
-from conftest import log_text, preset
+from support.engines import log_text, preset
 from rollout.engines.health import HealthMonitor, http_probe
 from rollout.net import auth_headers
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rollout.routed_experts import MoELayout, RoutedExpertsError, decode_compact, encode_sglang
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 
 LAY = MoELayout.from_first_k_dense(6, 2, 16, 4)
 TOKENS = 9  # 8 rows feed training positions

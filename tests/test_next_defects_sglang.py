@@ -1,8 +1,9 @@
 """sglang#37949 is not reached, and sglang#38717 against routed-experts-rows.
 
-- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`dp_scenarios.py`:
+- accepted-path-rows (sglang#37949): the defect shows on every reviewed release (`sglang_patches/scenarios/dp.py`:
   `accepted_path_rows_topk2`, latent in tests/test_version_matrix.py); no supported configuration drafts
-  top-k > 1 with routed experts, and config check refuses it with one line (asserted here).
+  top-k > 1 with routed experts, config check refuses it with one line, and inside the engine the plugin
+  refuses the capturer with one log line (`sglang_patches/scenarios/tree_capture.py`, on every release with an environment).
 - sglang#38717 (open) sizes the capture buffer by request capacity x verify width; routed-experts-rows
   covers that and the prefill-graph and unchunked cases #38717 leaves out: keep it after #38717 merges.
 """
@@ -11,7 +12,9 @@ import inspect
 import pytest
 import yaml
 
-from scenario_runner import ROOT
+from sglang_patches.registry import VARIANTS
+from sglang_patches.scenarios.runner import env_python, run_states
+from support import ROOT
 
 
 def test_accepted_path_rows_not_reached(tmp_path, capsys):
@@ -42,7 +45,23 @@ def test_accepted_path_rows_not_reached(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(glm))
     rc = main(["config", "check", str(bad), "--no-sglang"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "eagle_topk: 2 with routed_experts" in err[0] and "sglang#37949" in err[0]
+    assert rc == 2 and len(err) == 1 and "eagle_topk: 2 with routed experts" in err[0] and "sglang#37949" in err[0]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("variant", [v.name for v in VARIANTS])
+def test_engine_refuses_tree_capture(variant):
+    """SGLang's own RoutedExpertsCapturer.__init__ with EAGLE top-k 2: stock builds it (its rows would follow
+    the tree, sglang#37949); with the plugin it is refused with one log line. Top-k 1 builds in both."""
+    python = None if variant == "0.5.23" else env_python(variant)
+    if python is not None and not python.exists():
+        pytest.skip(f"no environment for SGLang {variant} (scripts/setup_sglang_env.sh {variant})")
+    res = run_states(["both"], module="sglang_patches.scenarios.tree_capture", python=python)
+    stock, plugin = res["none"]["tree_capture_topk2"], res["plugin"]["tree_capture_topk2"]
+    assert not stock["ok"] and "EAGLE top-k 2: built a capturer" in stock["detail"], stock
+    assert plugin["ok"] and plugin["detail"].startswith(
+        "slime-moe-rollout: routed-expert capture refused: speculative EAGLE top-k 2"), plugin
+    assert res["none"]["tree_capture_topk1"]["ok"] and res["plugin"]["tree_capture_topk1"]["ok"], res
 
 
 def _rows_38717(*, cps, mrr, num_dp, attn_tp, k, decode_graph_bs=()):

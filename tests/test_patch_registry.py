@@ -76,8 +76,17 @@ def test_hookless_port_needs_a_reason():
 
 
 def test_fix_states_on_pinned_sglang():
+    """Verdicts on the installed 0.5.23 next to facts of its tree: capturer-extent's hooked targets are the
+    sources reviewed (active), and dp_attention has `dp_slot_in`, SGLang's own dp-buffer-sizing fix."""
+    import sglang.srt.layers.dp_attention as dpa
+
     states = {f.name: judge(f, "0.5.23").state for f in all_fixes()}
+    measured = {  # on pip's sglang 0.5.23
+        "sglang.srt.model_executor.cuda_graph_buffer_registry.CudaGraphBufferRegistry.fill_from": "c217bd61336be489",
+        "sglang.srt.state_capturer.base.BaseTopkCapturer.on_forward_end": "e289e633c1082b48"}
+    assert {t: fingerprint(t) for t in measured} == measured
     assert states["capturer-extent"] == "active"
+    assert hasattr(dpa, "dp_slot_in")
     assert states["dp-buffer-sizing"] == "upstream"
 
 
@@ -120,22 +129,22 @@ def test_not_installed_refuses(monkeypatch):
     assert detect().refusal == "SGLang is not installed"
 
 
-def _markers_of(variant_name):
-    return next(v for v in VARIANTS if v.name == variant_name).markers
+# ModelRunner.forward's fingerprint as measured on the real trees (facts, not read from the registry):
+# pip's sglang 0.5.15.post1, and the same with slime's sglang.patch (THUDM/slime 624b824) applied.
+FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+MEASURED_FORWARD = {"0.5.15.post1": "582a0e699291c217", "0.5.15.post1+slime": "b30d0a53bc76792b"}
 
 
-@pytest.mark.parametrize("variant", ["0.5.15.post1", "0.5.15.post1+slime"])
+@pytest.mark.parametrize("variant", sorted(MEASURED_FORWARD))
 def test_variant_told_apart_by_markers(variant):
-    """Recorded marker fingerprints (measured on the real trees) pick the variant; CI cannot build
-    slime's tree (no slime source), so this checks detection on the recorded digests."""
-    markers = _markers_of(variant)
-    found = detect("0.5.15.post1", fingerprint_fn=lambda t: markers[t])
+    """The measured digest picks its variant; CI cannot build slime's tree, so detection runs on the digests."""
+    found = detect("0.5.15.post1", fingerprint_fn=lambda t: MEASURED_FORWARD[variant] if t == FORWARD else "x")
     assert found.variant.name == variant and found.refusal is None
 
 
-def test_marker_digests_differ_between_variants():
-    stock, slime = _markers_of("0.5.15.post1"), _markers_of("0.5.15.post1+slime")
-    assert set(stock) == set(slime) and all(stock[t] != slime[t] for t in stock)
+def test_unknown_forward_digest_refuses():
+    found = detect("0.5.15.post1", fingerprint_fn=lambda t: "0000000000000000")
+    assert found.refusal and "unknown edit" in found.refusal
 
 
 def test_unknown_marker_edit_refuses_with_one_line():

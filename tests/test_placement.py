@@ -11,7 +11,7 @@ from aiohttp import web
 from rollout.dispatch import Dispatcher
 from rollout.placement import Placement
 from rollout.types import Group, Sample, SampleStatus
-from loopback import start_app
+from support.fake_sglang import Loopback
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -127,9 +127,8 @@ async def _engine(log):
             "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
             "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
             "dp_rank": body.get("routed_dp_rank")}})
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    return await start_app(app)
+    server = await Loopback({"/generate": generate}).serve()
+    return server, server.port
 
 
 def _dispatch(placement):
@@ -240,3 +239,25 @@ def test_a_lone_sample_of_a_group_sends_no_primer():
         await p.primed_once(s, p.place(s, 20), prime)
         return calls
     assert asyncio.run(go()) == []
+
+
+def test_config_switch_keeps_per_sample_routing_and_refuses_other_values(tmp_path):
+    import os
+
+    import yaml
+
+    from rollout.manager import RolloutManager
+    from training_configs.schema import ConfigError, load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    d = yaml.safe_load(open(os.path.join(root, "training_configs", "tiny-cpu.yaml")))
+    path = tmp_path / "c.yaml"
+    for value, placed in (("group", True), ("sample", False)):
+        d["rollout"]["group_placement"] = value
+        path.write_text(yaml.safe_dump(d))
+        mgr = RolloutManager.from_config(load_config(str(path)), None, str(tmp_path))
+        assert (mgr._dispatcher(None).placement is not None) is placed
+    d["rollout"]["group_placement"] = "engine"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match="rollout.group_placement: 'engine' is not one of 'group' or 'sample'"):
+        load_config(str(path))

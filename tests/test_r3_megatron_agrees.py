@@ -39,7 +39,7 @@ def _worker(model_dir: str):
     import numpy as np
     import torch
 
-    from rollout.near_tie_model import build_near_tie_glm
+    from rollout.models.near_tie import build_near_tie_glm
     from rollout.r3.check import RolloutSample
     from rollout.r3.replay import load_model, moe_gates, routing_seam
     from rollout.routed_experts import MoELayout, pack_replay_indices

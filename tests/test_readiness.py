@@ -2,7 +2,8 @@
 
 The scenarios here are about the process and its answers (exits during start-up, hangs in a phase,
 rejects the key, port taken, dies mid-phase), so a cheap stand-in process plays the server: this
-file run as a script (`python tests/test_readiness.py MODE PORT`) is that stand-in. The same
+file run as a script (`python tests/test_readiness.py MODE PORT`) serves the fake SGLang server
+(tests/support/fake_sglang.py) in that process, its answers bent by MODE. The same
 checks against real SGLang engines are in tests/test_manager_engines.py.
 """
 import asyncio
@@ -11,7 +12,6 @@ import os
 import socket
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 if __name__ != "__main__":
     import aiohttp
@@ -40,6 +40,10 @@ def _fact(name):
 
 
 def _serve(mode: str, port: int) -> None:
+    """The fake SGLang server (tests/support/fake_sglang.py) on `port`, its answers bent by `mode`."""
+    from aiohttp import web
+    from support.fake_sglang import FakeSGLang, answer
+
     started = time.monotonic()
     print(f"stand-in server: mode {mode}", flush=True)
     if mode == "exit":
@@ -50,44 +54,36 @@ def _serve(mode: str, port: int) -> None:
         while True:
             time.sleep(1)
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
+    async def model_info(request):
+        if mode == "auth":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response({"weight_version": "default"})
 
-        def _send(self, code, obj=None):
-            body = json.dumps(obj or {}).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def ready(request):
+        if mode == "no-ready":   # SGLang 0.5.15.post1 / 0.5.16: no such route (FastAPI's 404)
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.Response(status=503 if mode == "hang" else 200)
 
-        def do_GET(self):
-            if mode == "auth" and self.path == "/model_info":
-                return self._send(401, {"error": "Unauthorized"})
-            if self.path == "/model_info":
-                return self._send(200, {"weight_version": "default"})
-            if self.path == "/ready":
-                if mode == "no-ready":   # SGLang 0.5.15.post1 / 0.5.16: no such route (FastAPI's 404)
-                    return self._send(404, {"detail": "Not Found"})
-                return self._send(503 if mode == "hang" else 200)
-            if self.path == "/health_generate" and mode == "no-ready" and time.monotonic() < started + 1.0:
-                return self._send(503)   # their /health_generate while the server status is Starting
-            if self.path == "/server_info":  # as recorded from real SGLang 0.5.23 (tests/facts/)
-                info = {"ok-0515": SERVER_INFO_0515, "ok-plain": None}.get(mode, _fact("dp-attn")["server_info"])
-                return self._send(200, info or _fact("dp-plain")["server_info"])
-            return self._send(200)
+    async def health_generate(request):
+        starting = mode == "no-ready" and time.monotonic() < started + 1.0
+        return web.Response(status=503 if starting else 200)   # their /health_generate while Starting
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            rank = body.get("routed_dp_rank")
-            print(f"generate dp_rank={rank}", flush=True)
-            if rank is not None and rank >= 2:  # the recorded answer to an out-of-range rank
-                return self._send(400, json.loads(_fact("dp-attn")["out_of_range"]["text"]))
-            served = 0 if mode == "one-rank" else rank  # one-rank: routing ignored, rank 0 serves all
-            self._send(200, {"meta_info": {"completion_tokens": 1, "dp_rank": served}})
+    async def generate(request):
+        body = await request.json()
+        rank = body.get("routed_dp_rank")
+        print(f"generate dp_rank={rank}", flush=True)
+        if rank is not None and rank >= 2:  # the recorded answer to an out-of-range rank
+            return web.json_response(json.loads(_fact("dp-attn")["out_of_range"]["text"]), status=400)
+        served = 0 if mode == "one-rank" else rank  # one-rank: routing ignored, rank 0 serves all
+        return web.json_response(answer([3], {"type": "length", "length": 1}, dp_rank=served))
 
-    ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    # /server_info as recorded from real SGLang 0.5.23 (tests/facts/), or 0.5.15.post1's fields
+    info = {"ok-0515": SERVER_INFO_0515, "ok-plain": _fact("dp-plain")["server_info"]}.get(
+        mode, _fact("dp-attn")["server_info"])
+    FakeSGLang({"/model_info": model_info, "/ready": ready, "/health_generate": health_generate,
+                "/generate": generate}, port=port, server_info=info).start()
+    while True:
+        time.sleep(1)
 
 
 if __name__ == "__main__":

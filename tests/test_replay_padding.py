@@ -78,14 +78,15 @@ def test_partially_padded_row_refused_and_missing_route_refused():
         fill_pad_rows(rows, 16)
 
 
-def test_slime_hook_refuses_changed_source(capsys):
-    import types
-
+def test_slime_hook_refuses_changed_source(tmp_path, monkeypatch):
     from rollout.routed_experts import slime_replay_padding as srp
-    mod = types.ModuleType("slime_changed")
-    mod._pad_routed_experts = lambda experts, pad, num_experts: experts
-    mod.prepare_routed_experts_for_routing_replay = lambda *a, **k: None
-    assert "slime_changed._pad_routed_experts changed (fingerprint" in srp.refusal(mod)
+    (tmp_path / "slime_changed.py").write_text("def _pad_routed_experts(experts, pad, num_experts):\n"
+                                              "    return experts\n\n\n"
+                                              "def prepare_routed_experts_for_routing_replay(*a, **k):\n"
+                                              "    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert srp.refusal("slime_changed").startswith("source of slime_changed._pad_routed_experts changed (fingerprint")
+    assert srp.refusal("slime_missing").startswith("hook target missing: slime_missing._pad_routed_experts")
 
 
 def _export_slime_cp_utils(dest: Path) -> Path:

@@ -23,11 +23,11 @@ import time
 
 import pytest
 import requests
-from conftest import decode_routed, preset
+from support.engines import decode_routed, preset
 
 from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
-from rollout.tiny_model import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
+from rollout.models.tiny import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -155,7 +155,7 @@ def test_retraction_across_weight_update_refused_without_spans(variant, tiny_mod
     the update runs without a flush; the dispatcher's check refuses by the version when sent. Rows are
     printed, not asserted: that engine's rows are not yet decided; measured once, no row of either
     request matched the seed-1 router, and request 1's prompt rows matched neither router."""
-    from conftest import ENGINE_BUDGET_S
+    from support.engines import ENGINE_BUDGET_S
     from test_version_matrix import python_of
 
     other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
@@ -183,7 +183,7 @@ if __name__ == "__main__":   # the child of the test above, in the variant's env
 
     import sglang
 
-    from conftest import start_engine, stop_engine
+    from support.engines import start_engine, stop_engine
 
     eng = start_engine(preset("a", sys.argv[1]), tempfile.mkdtemp(prefix="engine-retract-"), float(sys.argv[3]))
     try:

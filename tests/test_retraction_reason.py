@@ -9,7 +9,7 @@ import pytest
 from rollout.dispatch import Dispatcher
 from rollout.routed_experts import MoELayout, encode_sglang, sample_routed_experts
 from rollout.routed_experts.retraction import retraction_reason
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 from rollout.types import Sample, SampleStatus
 
 wv = pytest.importorskip("sglang.srt.utils.weight_versions")
@@ -61,13 +61,13 @@ def test_reason_without_spans_compares_the_version_when_sent():
 
 @pytest.mark.timeout(60)
 def test_dispatcher_tracks_the_engine_version_per_attempt():
-    """A loopback engine answering as 0.5.16 does: the version it last reported is the sent version of the
+    """The fake SGLang server answering as 0.5.16 does: the version it last reported is the sent version of the
     next attempt; a retracted answer under a newer version fails the sample, a retraction alone does not."""
     import asyncio
 
     import aiohttp
     from aiohttp import web
-    from loopback import start_app
+    from support.fake_sglang import FakeSGLang
 
     answers = [_finish_only(0, "v1"), _finish_only(1, "v2"), _finish_only(1, "v2")]
 
@@ -76,9 +76,8 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
         return web.json_response({"text": "", "meta_info": answers.pop(0)})
 
     async def main():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner, port = await start_app(app)
+        server = await FakeSGLang({"/generate": generate}, shutdown_timeout=0.5).serve()
+        runner, port = server.runner, server.port
         try:
             async with aiohttp.ClientSession() as session:
                 d = Dispatcher(session, {"max_new_tokens": 1}, capacity=1, layout=LAY)

@@ -12,7 +12,7 @@ import json
 import subprocess
 
 import pytest
-from scenario_runner import ROOT
+from support import ROOT
 from test_version_matrix import env_python, python_of
 
 COMMON = {"pause_default_mode": "abort", "routed_experts_after_retract": None, "output_ids_after_retract": [5, 6],

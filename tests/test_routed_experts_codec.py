@@ -8,7 +8,7 @@ from rollout.routed_experts import (
     merge_segments, pack_replay_indices, sample_routed_experts, to_slime_shape,
 )
 from rollout.routed_experts import validate
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 
 GLM45_HF = {"num_hidden_layers": 92, "n_routed_experts": 160, "num_experts_per_tok": 8, "first_k_dense_replace": 3}
 

@@ -13,8 +13,8 @@ CPU shims (megatron-core 0.16.1, test only; GPU trainers need none):
 - ``moe_utils.te_general_gemm`` is never defined without Transformer Engine (NameError in
   ``RouterGatingLinearFunction``): set to None, megatron's own non-TE branch.
 The worker runs in a subprocess so torch.distributed / megatron global state never leaks.
-``check_replay("cuda")`` runs the same replay on CUDA (nccl, routers and tensors on the GPU, no shims):
-scripts/gpu_check runs it on the device machine.
+``python tests/test_routed_experts_megatron.py --check cuda`` runs the same replay and assertions on CUDA
+(nccl, routers and tensors on the GPU, no shims): scripts/gpu_check runs it on the device machine.
 """
 import json
 import os
@@ -149,3 +149,5 @@ def _worker(device: str):
 
 if __name__ == "__main__" and "--worker" in sys.argv:
     _worker(sys.argv[-1] if sys.argv[-1] != "--worker" else "cpu")
+elif __name__ == "__main__" and "--check" in sys.argv:
+    print(json.dumps(check_replay(sys.argv[-1])))

@@ -2,7 +2,7 @@
 
 ``CAPTURED`` was saved by ``python tests/test_routed_experts_real_payload.py --capture`` (engine
 preset "a": one rank, ``--enable-return-routed-experts``, greedy; tiny GLM-4.5 "random" variant,
-seed 0, ``rollout.tiny_model`` BUILDER_VERSION 1 / VOCAB 300; preset "b" with NEXTN speculative
+seed 0, ``rollout.models.tiny`` BUILDER_VERSION 1 / VOCAB 300; preset "b" with NEXTN speculative
 decoding returned byte-identical payloads). ``expected_experts`` holds, per MoE layer, the expert
 sets that model routes to by construction (``tiny_model.expected_experts`` at capture time), so
 the data stays valid when the tiny model changes. The payloads must validate, decode to exactly
@@ -64,9 +64,9 @@ def _capture():  # needs the real engine: a few minutes on 2 cores
     import tempfile
 
     import requests
-    from conftest import preset, start_engine, stop_engine
+    from support.engines import preset, start_engine, stop_engine
 
-    from rollout import tiny_model
+    from rollout.models import tiny as tiny_model
     from rollout.net import auth_headers
 
     eng = start_engine(preset("a", tiny_model.build_tiny_glm()), tempfile.mkdtemp(prefix="re-capture-"), 600)

@@ -6,7 +6,7 @@ import pytest
 
 from rollout.routed_experts import validate
 from rollout.routed_experts import MoELayout, RoutedExpertsError, decode_compact, encode_sglang, sample_routed_experts
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 
 LAY = MoELayout.from_first_k_dense(6, 2, 16, 4)  # layers 0, 1 dense; 2..5 MoE
 TOKENS = 9                                         # -> 8 rows

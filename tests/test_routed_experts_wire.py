@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rollout.routed_experts import MoELayout, decode_compact, engine_offers, opt_in, sample_routed_experts, wire_layout
-from rollout.routed_experts.synthetic import synthetic_full
+from support.synthetic import synthetic_full
 from sglang_patches.features import routed_experts_wire as w
 
 GLM = MoELayout.from_first_k_dense(92, 3, 160, 8)
@@ -153,13 +153,10 @@ def test_real_sglang_detokenizer_encodes_the_compact_bytes_and_takes_the_opt_in(
     assert w.wants_compact(sp.custom_params)
 
 
-def test_slime_compact_expands_and_refuses_unreviewed_slime(monkeypatch, capsys):
+def test_slime_compact_expands_and_refuses_unreviewed_slime(monkeypatch, capsys, tmp_path):
     """rollout.routed_experts.slime_compact without slime: the expansion, and a changed slime function is
     left alone with one stderr line (tests/test_slime_real.py and scripts/check_against_slime.sh run it on
     slime's own code)."""
-    import sys
-    import types
-
     from rollout.routed_experts import slime_compact as sc
 
     args = SimpleNamespace(num_layers=3, moe_layer_freq=[0, 1, 1], num_experts=16, moe_router_topk=4)
@@ -171,11 +168,12 @@ def test_slime_compact_expands_and_refuses_unreviewed_slime(monkeypatch, capsys)
     assert handed.shape == (5, 8) and torch.equal(sc.to_slime(handed, lay), torch.from_numpy(full))
     assert sc.to_slime(torch.from_numpy(full), lay).dtype == torch.int32
     assert [x.shape for x in sc._Expanded([compact, compact], lay)] == [(5, 3, 4)] * 2
-    fake = types.ModuleType(sc.ROLLOUT)
-    exec("def validate_rollout_routed_experts_for_replay(routed_experts, args):\n    return None\n", fake.__dict__)
-    fake.validate_rollout_routed_experts_for_replay.__module__ = sc.ROLLOUT
-    monkeypatch.setitem(sys.modules, sc.ROLLOUT, fake)
-    monkeypatch.setattr(sc.inspect, "getsource", lambda fn: "def other(): pass\n")
+    (tmp_path / "slime_rollout_changed.py").write_text(
+        "def validate_rollout_routed_experts_for_replay(routed_experts, args):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sc, "ROLLOUT", "slime_rollout_changed")
     assert sc.install_rollout_side() is False
-    assert "routed experts handed to slime as int32: slime.ray.rollout.validate_rollout_routed_experts_for_replay " \
-           "changed" in capsys.readouterr().err
+    import slime_rollout_changed
+    assert not hasattr(slime_rollout_changed.validate_rollout_routed_experts_for_replay, "__wrapped__")
+    assert "routed experts handed to slime as int32: source of slime_rollout_changed." \
+           "validate_rollout_routed_experts_for_replay changed (fingerprint" in capsys.readouterr().err

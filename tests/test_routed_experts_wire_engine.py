@@ -19,7 +19,7 @@ from rollout.routed_experts import (MoELayout, decode_int32, encode_sglang, engi
 from sglang_patches.features.routed_experts_wire import LAYOUT_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-LAY = MoELayout.from_first_k_dense(3, 1, 16, 4)   # rollout/tiny_model.py
+LAY = MoELayout.from_first_k_dense(3, 1, 16, 4)   # rollout/models/tiny.py
 PROMPTS = [[11 + (7 * j) % 200 for j in range(12)], [5 + (13 * j) % 190 for j in range(20)]]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,7 +79,7 @@ def compare_formats(engine, dp_rank=None) -> dict:
 
 
 def test_compact_rows_equal_int32_rows(engine_pool, tiny_match_model):
-    from conftest import preset
+    from support.engines import preset
 
     eng = engine_pool.get("b", preset("b", tiny_match_model))   # the same engine as test_engine_single
     per = compare_formats(eng)
@@ -87,7 +87,7 @@ def test_compact_rows_equal_int32_rows(engine_pool, tiny_match_model):
 
 
 def test_manager_asks_compact_after_its_probe(engine_pool, tiny_match_model):
-    from conftest import preset
+    from support.engines import preset
 
     from rollout.manager import RolloutManager
     from rollout.types import Endpoint, Sample
@@ -113,7 +113,7 @@ def test_manager_asks_compact_after_its_probe(engine_pool, tiny_match_model):
 
 @pytest.mark.timeout(1500)
 def test_compact_on_dp_rank_1_of_c(engine_pool, tiny_match_model):
-    from conftest import preset
+    from support.engines import preset
 
     compare_formats(engine_pool.get("c", preset("c", tiny_match_model)), dp_rank=1)
 
@@ -121,7 +121,7 @@ def test_compact_on_dp_rank_1_of_c(engine_pool, tiny_match_model):
 def run_child(model: str, budget_s: float) -> dict:
     import tempfile
 
-    from conftest import preset, start_engine, stop_engine
+    from support.engines import preset, start_engine, stop_engine
 
     eng = start_engine(preset("a", model), tempfile.mkdtemp(prefix="engine-wire-"), budget_s)
     try:
@@ -133,7 +133,7 @@ def run_child(model: str, budget_s: float) -> dict:
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("variant", ["0.5.15.post1", "0.5.15.post1+slime"])
 def test_compact_rows_equal_int32_rows_on_slime_release(tiny_match_model, variant):
-    from conftest import ENGINE_BUDGET_S
+    from support.engines import ENGINE_BUDGET_S
     from test_version_matrix import python_of
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))

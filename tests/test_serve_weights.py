@@ -6,7 +6,7 @@ import json
 import urllib.request
 
 import pytest
-from conftest import preset
+from support.engines import preset
 
 from rollout.cli.serve_weights import WeightGuard
 from rollout.manager import RolloutManager

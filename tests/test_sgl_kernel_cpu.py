@@ -406,10 +406,10 @@ def test_nextn_topk2_through_substitute_equals_transformers(tmp_path):
     import requests
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from conftest import log_text, preset, start_engine, stop_engine
+    from support.engines import log_text, preset, start_engine, stop_engine
 
     from rollout.net import auth_headers
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
     from training_configs.schema import SpeculativeConfig
 
     model = build_tiny_glm(variant="always-match")

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from aiohttp import web
-from loopback import start_app
+from support.fake_sglang import FakeSGLang, Loopback, answer
+from support import slime_standin
 
 from rollout.slime import adapter as slime_adapter
 from rollout.routed_experts import MoELayout, encode_sglang
@@ -48,52 +49,25 @@ def encode_int32(values):
     return base64.b64encode(np.asarray(values, dtype=np.int32).tobytes()).decode()
 
 
-class _Server:
-    """A loopback aiohttp app in its own thread (slime calls the adapter synchronously)."""
+class StandInWorker(FakeSGLang):
+    """An SGLang worker behind slime's router (the fake SGLang server): /generate by the rule of `routes`,
+    /abort_request ends the straggler."""
 
     def __init__(self):
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.ready = threading.Event()
-
-    def _serve(self):
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        self.add_routes(app)
-        self.runner, self.port = self.loop.run_until_complete(start_app(app))
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ready.set()
-        self.loop.run_forever()
+        super().__init__({"/generate": self.generate_rows, "/abort_request": self.abort})
+        self.requests, self.primers = [], []
+        self.aborted = None
 
     def start(self):
-        self.thread.start()
-        self.ready.wait(10)
+        super().start()
+        self.aborted = asyncio.run_coroutine_threadsafe(_event(), self.loop).result(10)
         return self
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-class StandInWorker(_Server):
-    """An SGLang worker behind slime's router: /generate, /abort_request."""
-
-    def __init__(self):
-        super().__init__()
-        self.requests, self.primers = [], []
-        self.aborted = asyncio.Event()
-
-    def add_routes(self, app):
-        self.aborted = asyncio.Event()
-        app.router.add_post("/generate", self.generate)
-        app.router.add_post("/abort_request", self.abort)
 
     async def abort(self, request):
         self.aborted.set()
         return web.json_response({})
 
-    async def generate(self, request):
+    async def generate_rows(self, request):
         body = await request.json()
         # group placement's primer (the prompt, zero new tokens) is kept apart from slime's own requests
         (self.primers if body["sampling_params"].get("max_new_tokens") == 0 else self.requests).append(body)
@@ -108,10 +82,10 @@ class StandInWorker(_Server):
             await asyncio.wait_for(self.aborted.wait(), 60)
             finish = "abort"
         out = [(ids[-1] + 1 + i) % 300 for i in range(n)]
-        meta = {"output_token_logprobs": [[-0.5, t, None] for t in out], "finish_reason": {"type": finish},
-                "weight_version": "7"}
-        if body.get("return_routed_experts"):
-            meta["routed_experts"] = encode_sglang(routes(ids + out, start_len))
+        routed = encode_sglang(routes(ids + out, start_len)) if body.get("return_routed_experts") else None
+        meta = answer(out, {"type": finish}, logprob=-0.5, weight_version="7", prompt_tokens=len(ids),
+                      routed_experts=routed)["meta_info"]
+        if routed is not None:
             meta["routed_experts_start_len"] = start_len
         if body["sampling_params"].get("custom_params", {}).get("return_top_p_token_ids"):
             meta["top_p_token_ids"] = encode_int32(out)                 # one kept id per token
@@ -119,20 +93,20 @@ class StandInWorker(_Server):
         return web.json_response({"text": text_of(out), "meta_info": meta})
 
 
-class StandInRouter(_Server):
+async def _event():
+    return asyncio.Event()
+
+
+class StandInRouter(Loopback):
     """slime's router as plugin mode uses it: `GET /workers` only, answered in the shape sglang-router 0.3.2
     was recorded answering (tests/facts/sglang-router-0.3.2-workers.json); each entry is the recorded one
     with the worker's URL and type. Its /generate is the real router's: it drops return_routed_experts
     (recorded too), so a request sent here comes back without routed experts."""
 
     def __init__(self, workers=()):
-        super().__init__()
+        super().__init__({"/workers": self.list_workers, "/generate": self.generate})
         self.workers = list(workers)   # [(url, worker_type)]: edit to register / remove workers
         self.requests, self.primers = [], []
-
-    def add_routes(self, app):
-        app.router.add_get("/workers", self.list_workers)
-        app.router.add_post("/generate", self.generate)
 
     async def list_workers(self, request):
         entries = [dict(ROUTER_FACT["workers_listing"]["workers"][0], url=u, worker_type=t, id=f"w{i}")
@@ -152,8 +126,7 @@ class StandInRouter(_Server):
             async with aiohttp.ClientSession() as session:
                 async with session.post(regular[0] + "/generate", json=fwd) as r:
                     return web.json_response(await r.json())
-        return web.json_response({"text": "", "meta_info": {"finish_reason": {"type": "length"},
-                                                             "output_token_logprobs": [[-0.5, 1, None]]}})
+        return web.json_response({"text": "", "meta_info": answer([1], {"type": "length"}, logprob=-0.5)["meta_info"]})
 
 
 class StandInDataSource:
@@ -418,7 +391,7 @@ def test_custom_generate_refuses_held_rows_that_are_not_routing(router):
 
 
 def test_evaluation_runs_slimes_eval_or_says_why_not():
-    if slime_adapter.SLIME_AVAILABLE:
+    if slime_standin.REAL:
         pytest.skip("slime importable: the eval path runs in tests/test_slime_real.py")
     with pytest.raises(RuntimeError, match=r"evaluation=True .* needs slime importable"):
         slime_adapter.generate_rollout(SimpleNamespace(), 0, None, evaluation=True)

@@ -10,12 +10,13 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from conftest import hf_router_topk, preset
+from support.engines import preset
+from support.hf import hf_router_topk
 from test_slime_adapter import StandInRouter
 
 from rollout.slime import RolloutFnTrainOutput, Sample
 from rollout.slime import adapter as slime_adapter
-from rollout.tiny_model import NUM_LAYERS, TOP_K
+from rollout.models.tiny import NUM_LAYERS, TOP_K
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]   # starts an engine: kept out of `make test`
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

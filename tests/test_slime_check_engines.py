@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from scenario_runner import env_python
+from sglang_patches.scenarios.runner import env_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1200)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

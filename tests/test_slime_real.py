@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_slime_adapter import router  # noqa: F401 - the stand-in router fixture
 
-from rollout.slime import SLIME_AVAILABLE
+from support.slime_standin import REAL as SLIME_AVAILABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.skipif(not SLIME_AVAILABLE, reason="slime is not importable: put a slime checkout "

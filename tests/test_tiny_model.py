@@ -4,9 +4,9 @@ import json
 import os
 
 import pytest
-from conftest import hf_greedy, hf_model, hf_router_topk
+from support.hf import hf_greedy, hf_model, hf_router_topk
 
-from rollout.tiny_model import NUM_LAYERS, build_info, build_tiny_glm, expected_experts
+from rollout.models.tiny import NUM_LAYERS, build_info, build_tiny_glm, expected_experts
 
 
 def _digest(path):
@@ -93,12 +93,12 @@ def test_always_match_is_a_bigram(tiny_match_model):
 
 def test_config_builders_are_the_schema_choices(tmp_path):
     """`model.build` names exactly the builders `rollout.models` has; another name is a one-line error."""
-    import dataclasses
+    import typing
 
     from rollout import models
     from training_configs.schema import ModelConfig
 
-    field = next(f for f in dataclasses.fields(ModelConfig) if f.name == "build")
-    assert set(field.metadata["choices"]) == set(models.BUILDERS)
+    (choices,) = [a for a in typing.get_args(ModelConfig.model_fields["build"].annotation) if a is not type(None)]
+    assert set(typing.get_args(choices)) == set(models.BUILDERS)
     with pytest.raises(ValueError, match="unknown model builder 'gpt2' \\(choose from tiny-glm45, near-tie-glm45\\)"):
         models.build("gpt2", str(tmp_path))

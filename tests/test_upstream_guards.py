@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from guard_scenarios import health_generate_codes, verify_logits_rows
+from sglang_patches.scenarios.guards import health_generate_codes, verify_logits_rows
 
 dpa = pytest.importorskip("sglang.srt.layers.dp_attention")
 

@@ -1,6 +1,6 @@
 """The version matrix: on every reviewed SGLang variant besides the main environment's 0.5.23, in its own
 environment (`.venvs/sglang-<variant>`, built by `scripts/setup_sglang_env.sh`), `patches status` names the
-variant and is all good, and the scenario list (tests/dp_scenarios.py, one process per state) does what
+variant and is all good, and the scenario list (sglang_patches/scenarios/dp.py, one process per state) does what
 the variant's port table says: a hooked fix's scenarios fail on the stock tree with the specific defect
 (the needle in the scenario's detail) and pass with the plugin loaded by SGLang's `load_plugins()`; guards
 pass both; a not-needed fix's defect shows in both and its reach scenarios pass.
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-import dp_scenarios
-from scenario_runner import ROOT, env_python, run_states
+from sglang_patches.scenarios import dp as dp_scenarios
+from sglang_patches.scenarios.runner import ROOT, env_python, run_states
 from sglang_patches.registry import VARIANTS, all_fixes, table
 from sglang_patches.states import FixState
 

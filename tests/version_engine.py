@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run(variant: str, **request) -> dict:
     """Parent side: the child's answer; `log` is the engine's whole log text."""
-    from conftest import ENGINE_BUDGET_S
+    from support.engines import ENGINE_BUDGET_S
     from test_version_matrix import python_of
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
@@ -42,7 +42,7 @@ def run(variant: str, **request) -> dict:
 
 
 def _spec(req):
-    from conftest import preset
+    from support.engines import preset
     from test_cpu_graphs import with_graphs
 
     spec = preset(req.get("preset", "c"), req["model"], **req.get("group", {}))
@@ -55,7 +55,7 @@ def _spec(req):
 
 
 def _jobs(eng, req):
-    from conftest import generate
+    from support.engines import generate
     from test_cpu_graphs import per_rank_results
     from test_engine_single import prompts
 
@@ -71,7 +71,7 @@ def _pair(eng, ids, n) -> list:
     """[(ids, rank, out or error text)] for `ids` sent to DP ranks 0 and 1 at the same time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import generate
+    from support.engines import generate
 
     def one(rank):
         try:
@@ -84,7 +84,7 @@ def _pair(eng, ids, n) -> list:
 
 
 def child(req) -> dict:
-    from conftest import active_fixes, start_engine, stop_engine
+    from support.engines import active_fixes, start_engine, stop_engine
     from test_cpu_graphs import failed_start_log
 
     from rollout.engines.readiness import ReadinessError

@@ -3,17 +3,20 @@
 Order: schema + structure (`schema.load_config`), our own checks (EAGLE constraints, attention heads,
 ports, extra SGLang args), then SGLang's own derivation (`derive.sglang_derive`, which also runs
 SGLang's argument validation), the comparison with the values the config states (`expected`), and
-the fixes this configuration needs (`sglang_patches.status.fixes_for_config`).
+the fixes this configuration needs (`sglang_patches.status.fixes_for_config`: `Verdict`s).
 An error raises ConfigError (one line); warnings and facts are collected in a `Report`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.net import PORTS_PER_ENGINE, engine_port
+from sglang_patches.errors import CliError
+from sglang_patches.fixes.accepted_path_rows import tree_drafts
+from sglang_patches.registry import sglang_version
+from sglang_patches.status import fixes_for_config
 from training_configs.derive import Derived, our_derive, sglang_derive
-from training_configs.render import server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
+from training_configs.server_args import PORTS_PER_ENGINE, engine_port, server_fields
 from training_configs.slime_check import managed_checks
 
 EXPECTABLE = ("attn_tp_size", "attn_dp_size", "num_dp_ranks", "require_mlp_tp_gather",
@@ -25,7 +28,7 @@ _A2A_ALTERNATIVES = ("none", "deepep", "flashinfer", "mooncake")
 class GroupReport:
     name: str
     derived: Derived
-    fixes: list = field(default_factory=list)   # dicts: name, needed, state, reason
+    fixes: list = field(default_factory=list)   # sglang_patches.registry.Verdict, `needed` set
     server_args: dict = field(default_factory=dict)
 
 
@@ -41,7 +44,7 @@ class Report:
             "config": self.config.name, "source": self.config.source, "ok": True,
             "warnings": self.warnings, "notes": self.notes,
             "groups": [{"name": g.name, "derived_by": g.derived.source, **g.derived.facts(),
-                        "fixes": g.fixes} for g in self.groups],
+                        "fixes": [v.as_dict() for v in g.fixes]} for g in self.groups],
         }
 
 
@@ -66,9 +69,23 @@ def _speculative_checks(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
         raise ConfigError(f"{w}.draft_model_path: {s.algorithm} needs a draft model path")
     if s.algorithm == "STANDALONE" and g.enable_dp_attention:
         raise ConfigError(f"{w}.algorithm: SGLang's STANDALONE speculative decoding does not support DP attention")
-    if s.eagle_topk > 1 and g.routed_experts:
-        raise ConfigError(f"{w}.eagle_topk: {s.eagle_topk} with routed_experts: SGLang's capture rows do not follow "
-                          "the accepted draft path for top-k > 1 (sglang#37949); use eagle_topk 1")
+
+
+def _accepted_path_rows(cfg: TrainingConfig, g: EngineGroup, w: str) -> None:
+    """Routed experts with a speculative tree (EAGLE top-k > 1, ngram), however the flags are given (typed or
+    extra_sglang_args): SGLang's capture rows do not follow the accepted draft path (sglang#37949); the
+    plugin refuses it in the engine too."""
+    f = server_fields(cfg, g)
+    algorithm, topk = f.get("speculative_algorithm"), f.get("speculative_eagle_topk")
+    if not (f.get("enable_return_routed_experts") and tree_drafts(algorithm, topk)):
+        return
+    if int(topk or 1) > 1:
+        field, value = ("extra_sglang_args.speculative_eagle_topk" if "speculative_eagle_topk" in g.extra_sglang_args
+                        else "speculative.eagle_topk"), topk
+    else:
+        field, value = "extra_sglang_args.speculative_algorithm", algorithm
+    raise ConfigError(f"{w}.{field}: {value} with routed experts: SGLang's capture rows do not follow the accepted "
+                      "draft path of a tree or ngram draft (sglang#37949); use EAGLE with eagle_topk 1")
 
 
 def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
@@ -85,6 +102,7 @@ def _group_checks(cfg: TrainingConfig, g: EngineGroup, i: int) -> None:
     if g.moe_a2a_backend != "none" and g.ep == 1:
         raise ConfigError(f"{w}.moe_a2a_backend: {g.moe_a2a_backend!r} needs expert parallelism (ep > 1)")
     _speculative_checks(cfg, g, w)
+    _accepted_path_rows(cfg, g, w)
     for key in g.expected:
         if key not in EXPECTABLE:
             raise ConfigError(f"{w}.expected.{key}: unknown fact (known: {', '.join(EXPECTABLE)})")
@@ -116,7 +134,7 @@ def _compare_expected(g: EngineGroup, d: Derived, warnings: list) -> None:
             for a2a in _A2A_ALTERNATIVES:
                 if a2a == g.moe_a2a_backend or (a2a != "none" and g.ep == 1):
                     continue
-                probe = EngineGroup(**{**g.__dict__, "moe_a2a_backend": a2a})
+                probe = g.model_copy(update={"moe_a2a_backend": a2a})
                 if our_derive(probe).require_mlp_tp_gather == stated:
                     alts.append(a2a)
             msg += f" with moe_a2a_backend {g.moe_a2a_backend!r}"
@@ -137,30 +155,21 @@ def _fix_args(cfg: TrainingConfig, g: EngineGroup, d: Derived) -> dict:
 
 
 def _fixes(args: dict, warnings: list, gname: str) -> list:
-    try:
-        from sglang_patches.status import fixes_for_config
-    except Exception as e:  # the fix registry is another area; say so instead of failing the check
-        warnings.append(f"group {gname}: fix status unavailable ({type(e).__name__}: {e})")
-        return []
-    rows = fixes_for_config(args)
-    for r in rows:
-        if r.get("needed") and r.get("state") not in ("active", "upstream"):
-            warnings.append(f"group {gname}: needs fix {r['name']}, which is {r['state']} here: {r.get('reason', '')}")
-    return rows
+    verdicts = fixes_for_config(args)
+    for v in verdicts:
+        if not v.satisfied:
+            warnings.append(f"group {gname}: needs fix {v.fix.name}, which is {v.state.value} here: {v.reason}")
+    return verdicts
 
 
 def check_config(cfg: TrainingConfig, use_sglang: bool = True) -> Report:
     static_checks(cfg)
     report = Report(cfg)
     if cfg.slime.integration == "managed":
-        report.warnings += managed_checks(cfg, server_fields)
-    if use_sglang:
-        try:
-            import sglang.srt.server_args  # noqa: F401
-        except Exception as e:
-            report.warnings.append(f"SGLang is not importable here ({type(e).__name__}); derived by our own "
-                                   "copy of SGLang 0.5.23's rules")
-            use_sglang = False
+        report.warnings += managed_checks(cfg)
+    if use_sglang and sglang_version() is None:
+        raise CliError("SGLang is not installed here: install the release the engines run (pip install sglang==...) "
+                       "or check with our copy of SGLang 0.5.23's rules: config check --no-sglang")
     for g in cfg.engine_groups:
         if use_sglang:
             d = sglang_derive(cfg, g)
@@ -196,8 +205,8 @@ def format_report(rep: Report) -> str:
         lines.append(f"  derived by {d.source}: attn_tp_size {d.attn_tp_size}, attn_dp_size {d.attn_dp_size}, "
                      f"require_mlp_tp_gather {d.require_mlp_tp_gather}, require_attn_tp_gather "
                      f"{d.require_attn_tp_gather}, require_gathered_buffer {d.require_gathered_buffer}")
-        for r in gr.fixes:
-            lines.append(f"  fix {r['name']:<28} {'needed' if r.get('needed') else 'not needed':<10} {r.get('state')}")
+        for v in gr.fixes:
+            lines.append(f"  fix {v.fix.name:<28} {'needed' if v.needed else 'not needed':<10} {v.state.value}")
     lines += [f"warning: {w}" for w in rep.warnings]
     lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)

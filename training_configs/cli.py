@@ -1,4 +1,4 @@
-"""`slime-moe-rollout config check FILE` and `config render FILE --format ...`."""
+"""`slime-moe-rollout config check FILE`, `config render FILE --format ...` and `config schema`."""
 from __future__ import annotations
 
 import json
@@ -27,25 +27,16 @@ def add_parser(sub) -> None:
                    help="slime-args: who launches the engines (default: slime.integration)")
     r.set_defaults(func=_render)
 
-
-def _user_error(e) -> Exception:
-    from rollout.errors import CliError
-    return CliError(" ".join(str(e).split()))
+    s = csub.add_parser("schema", help="print the JSON schema of a config file (for editors)")
+    s.set_defaults(func=_schema)
 
 
 def _check(args) -> int:
-    from sglang_patches.states import FixState
     from training_configs.check import check_file, format_report
-    from training_configs.schema import ConfigError
-    try:
-        rep = check_file(args.file, use_sglang=not args.no_sglang)
-    except ConfigError as e:
-        raise _user_error(e) from None
+    rep = check_file(args.file, use_sglang=not args.no_sglang)
     print(json.dumps(rep.to_dict(), indent=1, default=str) if args.json else format_report(rep))
     if args.require_fixes:
-        missing = [f for g in rep.groups for f in g.fixes
-                   if f.get("needed") and FixState(f.get("state")) not in (FixState.ACTIVE, FixState.UPSTREAM)]
-        if missing:
+        if not all(v.satisfied for g in rep.groups for v in g.fixes):
             return 1
     return 0
 
@@ -53,14 +44,18 @@ def _check(args) -> int:
 def _render(args) -> int:
     from training_configs.render import render
     from training_configs.schema import ConfigError, load_config
-    try:
-        cfg = load_config(args.file)
-        if args.group:
-            try:
-                cfg.group(args.group)
-            except KeyError:
-                raise ConfigError(f"{args.file}: no engine group named {args.group!r}") from None
-        print(render(cfg, args.format, group=args.group, mode=args.mode))
-    except ConfigError as e:
-        raise _user_error(e) from None
+    cfg = load_config(args.file)
+    if args.group:
+        try:
+            cfg.group(args.group)
+        except KeyError:
+            raise ConfigError(f"{args.file}: no engine group named {args.group!r}") from None
+    print(render(cfg, args.format, group=args.group, mode=args.mode))
+    return 0
+
+
+def _schema(args) -> int:
+    from training_configs.schema import json_schema
+
+    print(json.dumps(json_schema(), indent=1))
     return 0

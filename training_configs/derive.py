@@ -24,8 +24,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 from sglang_patches.registry import sglang_version
-from training_configs.render import fields_to_flags, server_fields
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
+from training_configs.server_args import fields_to_flags, server_fields
 
 # a2a backends for which SGLang 0.5.23 requires the MLP TP gather for DP-count bookkeeping
 _MLP_GATHER_A2A = ("none", "flashinfer", "mori_epv2", "flashinfer_megamoe")

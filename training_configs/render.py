@@ -1,23 +1,21 @@
 """Render a training config into the flags slime or SGLang expect.
 
 - `server_fields(cfg, group)`: the ServerArgs fields (name -> value) an engine of `group` runs with
-  (`rollout.engines.command.server_fields`, the one mapping, which also launches the engines).
+  (`server_args`, the one mapping, which also launches the engines).
 - `sglang_args(...)`: those fields as `sglang serve` / `python -m sglang.launch_server` flags.
 - `slime_args(cfg, mode)`: slime's `train.py` flags (`--sglang-*`, `--rollout-num-gpus-per-engine`,
   `--use-rollout-routing-replay`, Megatron parallelism, our rollout function or external engines).
 - `external_addrs(cfg)`: `host:port` of every managed engine (slime's `--rollout-external-engine-addrs`).
 
 Flag spelling follows SGLang's convention (`--field-name`, booleans are bare `store_true` flags,
-`command.fields_to_flags`); tests parse every rendered flag with SGLang's own `ServerArgs.add_cli_args` parser.
+`server_args.fields_to_flags`); tests parse every rendered flag with SGLang's own `ServerArgs.add_cli_args` parser.
 """
 from __future__ import annotations
 
 import shlex
 
-from rollout.engines import command
-from rollout.engines.command import fields_to_flags, scalar
-from rollout.net import engine_port
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig
+from training_configs.server_args import engine_port, fields_to_flags, scalar, server_fields
 from training_configs.slime_check import slime_num_gpus_per_node
 
 ADAPTER_ROLLOUT_FN = "rollout.slime.generate_rollout"
@@ -32,17 +30,12 @@ SLIME_UNREGISTERED = frozenset({
 })
 
 
-def server_fields(cfg: TrainingConfig, group: EngineGroup, model_path: str | None = None) -> dict:
-    """ServerArgs field values for one engine of `group` (the command builder's mapping)."""
-    return command.server_fields(group, model_path or cfg.model.path, cfg.model.tokenizer_path)
-
-
 def sglang_args(cfg: TrainingConfig, group: EngineGroup, model_path: str | None = None) -> list[str]:
     return fields_to_flags(server_fields(cfg, group, model_path))
 
 
 def external_addrs(cfg: TrainingConfig) -> list[str]:
-    """`host:port` per engine, on the ports the rollout manager assigns (`rollout.net.engine_port`)."""
+    """`host:port` per engine, on the ports the rollout manager assigns (`server_args.engine_port`)."""
     total = sum(g.engines for g in cfg.engine_groups)
     return [f"{cfg.rollout.host}:{engine_port(cfg.rollout.base_port, i)}" for i in range(total)]
 

@@ -70,97 +70,157 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     integration: "plugin"|"managed"   who launches the engines (see docs/slime.md)
     extra_args: dict              more slime flags by name (underscores or dashes, no leading --)
 
-Structural checks done here (no SGLang import): types, ranges, tp % dp, tp % ep, gpus_per_engine
-== tp * pp, dp > 1 needs DP attention, dp-lm-head needs DP attention, unique group names. The
-SGLang-derived checks (attn_tp_size, gathers, EAGLE constraints, fixes) live in `check.py`.
+The models are pydantic v2 models: types (strict: `true` is no integer), ranges and choices are declared
+on the fields, cross-field rules (tp % dp, tp % ep, gpus_per_engine == tp * pp, dp > 1 needs DP attention,
+dp-lm-head needs DP attention, unique group names, GPUs and Megatron parallelism vs the cluster) on the
+models; `load_config` turns pydantic's first error into the one-line `ConfigError`, and
+`json_schema()` (`config schema`) is the JSON schema editors can use. The SGLang-derived checks
+(attn_tp_size, gathers, EAGLE constraints, fixes) live in `check.py`.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
-import typing
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from sglang_patches.errors import CliError
+
+Count = Annotated[int, Field(ge=1)]  # a size, count or parallel degree
+BASE_PORTS = (1024, 65000)  # rollout.base_port (and --base-port, --port) lie in this range
 
 
-class ConfigError(ValueError):
-    """A config problem, as one line naming the field."""
+class ConfigError(CliError, ValueError):
+    """A config problem, as one line naming the field (bad input: exit 2 from any command)."""
 
 
-def _f(default=dataclasses.MISSING, *, choices=None, min=None, max=None, factory=None, **kw):
-    meta = {"choices": choices, "min": min, "max": max}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-@dataclass
-class ModelConfig:
-    path: str = _f()
-    num_layers: int = _f(min=1)
-    num_experts: int = _f(min=1)
-    topk: int = _f(min=1)
-    first_k_dense_replace: int = _f(0, min=0)
-    num_shared_experts: int = _f(0, min=0)
-    num_nextn_predict_layers: int = _f(0, min=0)
+def _flags(value: Any) -> Any:
+    """Extra flags by name: each value a scalar, a list of scalars, or null."""
+    if not isinstance(value, dict):
+        return value
+    for k, v in value.items():
+        if not (v is None or isinstance(v, (bool, int, float, str))
+                or (isinstance(v, list) and all(isinstance(x, (bool, int, float, str)) for x in v))):
+            raise ValueError(f"{k}: expected a scalar or a list of scalars, got {v!r}")
+    return value
+
+
+class ModelConfig(_Model):
+    path: str
+    num_layers: Count
+    num_experts: Count
+    topk: Count
+    first_k_dense_replace: int = Field(0, ge=0)
+    num_shared_experts: int = Field(0, ge=0)
+    num_nextn_predict_layers: int = Field(0, ge=0)
     architecture: str = ""
     tokenizer_path: Optional[str] = None
-    hidden_size: Optional[int] = _f(None, min=1)
-    num_attention_heads: Optional[int] = _f(None, min=1)
-    num_key_value_heads: Optional[int] = _f(None, min=1)
-    vocab_size: Optional[int] = _f(None, min=1)
-    build: Optional[str] = _f(None, choices=("tiny-glm45", "near-tie-glm45"))
+    hidden_size: Optional[Count] = None
+    num_attention_heads: Optional[Count] = None
+    num_key_value_heads: Optional[Count] = None
+    vocab_size: Optional[Count] = None
+    build: Optional[Literal["tiny-glm45", "near-tie-glm45"]] = None
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _layers(self):
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk: {self.topk} exceeds model.num_experts {self.num_experts}")
+        if self.first_k_dense_replace >= self.num_layers:
+            raise ValueError(f"first_k_dense_replace: {self.first_k_dense_replace} leaves no MoE layer "
+                             f"(num_layers {self.num_layers})")
+        return self
 
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.first_k_dense_replace
 
 
-@dataclass
-class ClusterConfig:
-    nodes: int = _f(1, min=1)
-    gpus_per_node: int = _f(8, min=1)
-    device: str = _f("cuda", choices=("cuda", "cpu"))
+class ClusterConfig(_Model):
+    nodes: Count = 1
+    gpus_per_node: Count = 8
+    device: Literal["cuda", "cpu"] = "cuda"
 
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
 
-@dataclass
-class SpeculativeConfig:
-    algorithm: str = _f(choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"))
-    num_steps: int = _f(min=1)
-    eagle_topk: int = _f(min=1)
-    num_draft_tokens: int = _f(min=1)
+class SpeculativeConfig(_Model):
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"]
+    num_steps: Count
+    eagle_topk: Count
+    num_draft_tokens: Count
     draft_model_path: Optional[str] = None
 
 
-@dataclass
-class EngineGroup:
-    name: str = _f()
-    engines: int = _f(min=1)
-    gpus_per_engine: int = _f(min=1)
-    tp: int = _f(min=1)
-    dp: int = _f(1, min=1)
-    ep: int = _f(1, min=1)
-    pp: int = _f(1, min=1)
-    moe_dense_tp: Optional[int] = _f(None, min=1)
+class EngineGroup(_Model):
+    name: str
+    engines: Count
+    gpus_per_engine: Count
+    tp: Count
+    dp: Count = 1
+    ep: Count = 1
+    pp: Count = 1
+    moe_dense_tp: Optional[Count] = None
     enable_dp_attention: bool = False
     enable_dp_lm_head: bool = False
     moe_a2a_backend: str = "none"
     speculative: Optional[SpeculativeConfig] = None
     routed_experts: bool = False
-    chunked_prefill_size: Optional[int] = _f(None, min=-1)
-    max_running_requests: Optional[int] = _f(None, min=1)
-    cuda_graph_max_bs: Optional[int] = _f(None, min=1)
-    mem_fraction_static: Optional[float] = _f(None, min=0.01, max=0.99)
-    extra_sglang_args: dict[str, Any] = _f(factory=dict)
-    env: dict[str, str] = _f(factory=dict)
-    expected: dict[str, Any] = _f(factory=dict)
+    chunked_prefill_size: Optional[int] = Field(None, ge=-1)
+    max_running_requests: Optional[Count] = None
+    cuda_graph_max_bs: Optional[Count] = None
+    mem_fraction_static: Optional[float] = Field(None, ge=0.01, le=0.99)
+    extra_sglang_args: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    expected: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("extra_sglang_args", mode="before")
+    @classmethod
+    def _flag_values(cls, value):
+        return _flags(value)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value):
+        """Environment values are strings; YAML scalars are taken as written (booleans as 1 / 0)."""
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for k, v in value.items():
+            if not isinstance(v, (bool, int, float, str)):
+                raise ValueError(f"{k}: expected a string, got {v!r}")
+            out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
+
+    @model_validator(mode="after")
+    def _parallelism(self):
+        if not self.name:
+            raise ValueError("name: must not be empty")
+        if self.gpus_per_engine != self.tp * self.pp:
+            raise ValueError(f"gpus_per_engine: {self.gpus_per_engine} != tp*pp = {self.tp * self.pp}")
+        if self.tp % self.dp:
+            raise ValueError(f"tp: tp {self.tp} is not divisible by dp {self.dp}")
+        if self.tp % self.ep:
+            raise ValueError(f"ep: tp {self.tp} is not divisible by ep {self.ep}")
+        if self.dp > 1 and not self.enable_dp_attention:
+            raise ValueError(f"dp: dp {self.dp} > 1 requires enable_dp_attention (slime asserts it)")
+        if self.enable_dp_attention and self.dp < 2:
+            raise ValueError(f"enable_dp_attention: needs dp >= 2, got dp {self.dp}")
+        if self.enable_dp_lm_head and not self.enable_dp_attention:
+            raise ValueError("enable_dp_lm_head: requires enable_dp_attention")
+        if self.moe_dense_tp is not None and self.moe_dense_tp not in (1, self.tp):
+            raise ValueError(f"moe_dense_tp: SGLang supports 1 or tp ({self.tp}), got {self.moe_dense_tp}")
+        for k in self.extra_sglang_args:
+            if k.startswith("-") or "-" in k:
+                raise ValueError(f"extra_sglang_args.{k}: use the ServerArgs field name (underscores, no --)")
+        return self
 
     @property
     def attn_dp_size(self) -> int:
@@ -172,90 +232,114 @@ class EngineGroup:
         return self.tp // self.attn_dp_size
 
 
-@dataclass
-class SamplingConfig:
-    temperature: float = _f(1.0, min=0.0)
-    top_p: float = _f(1.0, min=0.0, max=1.0)
-    top_k: int = _f(-1, min=-1)
-    max_new_tokens: int = _f(1024, min=1)
+class SamplingConfig(_Model):
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    max_new_tokens: Count = 1024
 
 
-@dataclass
-class ReadinessBudgets:
+class ReadinessBudgets(_Model):
     """Seconds allowed per start-up phase (process alive -> HTTP up -> status Up ->
     /health_generate 200 -> one-token probe on every DP rank)."""
-    process_s: float = _f(30.0, min=0.1)
-    http_s: float = _f(600.0, min=0.1)
-    server_up_s: float = _f(1800.0, min=0.1)
-    health_generate_s: float = _f(600.0, min=0.1)
-    dp_probe_s: float = _f(300.0, min=0.1)
+    process_s: float = Field(30.0, ge=0.1)
+    http_s: float = Field(600.0, ge=0.1)
+    server_up_s: float = Field(1800.0, ge=0.1)
+    health_generate_s: float = Field(600.0, ge=0.1)
+    dp_probe_s: float = Field(300.0, ge=0.1)
 
     @property
     def total_s(self) -> float:
         return self.process_s + self.http_s + self.server_up_s + self.health_generate_s + self.dp_probe_s
 
 
-@dataclass
-class HealthConfig:
-    interval_s: float = _f(30.0, min=0.1)
-    timeout_s: float = _f(30.0, min=0.1)
-    failures: int = _f(3, min=1)
+class HealthConfig(_Model):
+    interval_s: float = Field(30.0, ge=0.1)
+    timeout_s: float = Field(30.0, ge=0.1)
+    failures: Count = 3
 
 
-@dataclass
-class RolloutConfig:
-    batch_size: int = _f(min=1)
-    n_samples_per_prompt: int = _f(min=1)
-    sampling: SamplingConfig = _f(factory=SamplingConfig)
-    concurrency_per_engine: int = _f(64, min=1)
+class RolloutConfig(_Model):
+    batch_size: Count
+    n_samples_per_prompt: Count
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    concurrency_per_engine: Count = 64
     host: str = "127.0.0.1"
-    base_port: int = _f(30000, min=1024, max=65000)
+    base_port: int = Field(30000, ge=BASE_PORTS[0], le=BASE_PORTS[1])
     api_key: Optional[str] = None
-    engine_auth: str = _f("key", choices=("key", "none"))
+    engine_auth: Literal["key", "none"] = "key"
     restart_checkpoint: Optional[str] = None
     partial_rollout: bool = True
-    group_placement: str = _f("group", choices=("group", "sample"))
-    budgets: ReadinessBudgets = _f(factory=ReadinessBudgets)
-    health: HealthConfig = _f(factory=HealthConfig)
+    group_placement: Literal["group", "sample"] = "group"
+    budgets: ReadinessBudgets = Field(default_factory=ReadinessBudgets)
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
 
-@dataclass
-class MegatronConfig:
-    tp: int = _f(1, min=1)
-    pp: int = _f(1, min=1)
-    cp: int = _f(1, min=1)
-    ep: int = _f(1, min=1)
-    etp: int = _f(1, min=1)
+class MegatronConfig(_Model):
+    tp: Count = 1
+    pp: Count = 1
+    cp: Count = 1
+    ep: Count = 1
+    etp: Count = 1
     sequence_parallel: bool = False
-    actor_num_nodes: int = _f(1, min=1)
-    actor_num_gpus_per_node: int = _f(8, min=1)
+    actor_num_nodes: Count = 1
+    actor_num_gpus_per_node: Count = 8
     colocate: bool = True
-    max_tokens_per_gpu: Optional[int] = _f(None, min=1)
+    max_tokens_per_gpu: Optional[Count] = None
     use_dynamic_batch_size: bool = False
-    extra_args: dict[str, Any] = _f(factory=dict)
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _flag_values(cls, value):
+        return _flags(value)
+
+    @model_validator(mode="after")
+    def _parallelism(self):
+        model_par = self.tp * self.pp * self.cp
+        if self.world_size % model_par:
+            raise ValueError(f"world size {self.world_size} is not divisible by tp*pp*cp = {model_par}")
+        if (self.world_size // self.pp) % (self.ep * self.etp):
+            raise ValueError(f"ep: ep*etp {self.ep * self.etp} does not divide the per-stage "
+                             f"world size {self.world_size // self.pp}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel: needs tp > 1")
+        return self
 
     @property
     def world_size(self) -> int:
         return self.actor_num_nodes * self.actor_num_gpus_per_node
 
 
-@dataclass
-class SlimeConfig:
-    integration: str = _f("plugin", choices=("plugin", "managed"))
-    extra_args: dict[str, Any] = _f(factory=dict)
+class SlimeConfig(_Model):
+    integration: Literal["plugin", "managed"] = "plugin"
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _flag_values(cls, value):
+        return _flags(value)
 
 
-@dataclass
-class TrainingConfig:
-    model: ModelConfig = _f()
-    engine_groups: list[EngineGroup] = _f()
-    rollout: RolloutConfig = _f()
+class TrainingConfig(_Model):
+    model: ModelConfig
+    engine_groups: list[EngineGroup]
+    rollout: RolloutConfig
     name: str = ""
     description: str = ""
-    cluster: ClusterConfig = _f(factory=ClusterConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     megatron: Optional[MegatronConfig] = None
-    slime: SlimeConfig = _f(factory=SlimeConfig)
-    source: str = field(default="", metadata={"internal": True})  # file it was loaded from
+    slime: SlimeConfig = Field(default_factory=SlimeConfig)
+    _source: str = PrivateAttr("")
+
+    @property
+    def source(self) -> str:
+        """The file it was loaded from."""
+        return self._source
+
+    @source.setter
+    def source(self, path: str) -> None:
+        self._source = path
 
     def group(self, name: str) -> EngineGroup:
         for g in self.engine_groups:
@@ -263,172 +347,112 @@ class TrainingConfig:
                 return g
         raise KeyError(name)
 
-
-# ---------------------------------------------------------------- generic typed loading
-
-_SCALARS = (str, int, float, bool)
-
-
-def _type_name(tp) -> str:
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string",
-            dict: "a mapping", list: "a list"}.get(typing.get_origin(tp) or tp, str(tp))
-
-
-def _convert(tp, value, where: str):
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(args[0], value, where)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)
-        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        _, vt = typing.get_args(tp)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"{where}: keys must be strings, got {k!r}")
-            if vt is str:
-                if not isinstance(v, _SCALARS):
-                    raise ConfigError(f"{where}.{k}: expected a string, got {v!r}")
-                v = str(v) if not isinstance(v, bool) else ("1" if v else "0")
-            elif not (v is None or isinstance(v, _SCALARS)
-                      or (isinstance(v, list) and all(isinstance(x, _SCALARS) for x in v))):
-                raise ConfigError(f"{where}.{k}: expected a scalar or a list of scalars, got {v!r}")
-            out[k] = v
-        return out
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if tp is Any:
-        return value
-    raise TypeError(f"unsupported schema type {tp!r} at {where}")  # programming error
+    @model_validator(mode="after")
+    def _fits(self):
+        m, c = self.model, self.cluster
+        if not self.engine_groups:
+            raise ValueError("engine_groups: at least one engine group is required")
+        seen = set()
+        for i, g in enumerate(self.engine_groups):
+            w = f"engine_groups[{i}]"
+            if g.name in seen:
+                raise ValueError(f"{w}.name: duplicate group name {g.name!r}")
+            seen.add(g.name)
+            if g.ep > m.num_experts or m.num_experts % g.ep:
+                raise ValueError(f"{w}.ep: num_experts {m.num_experts} is not divisible by ep {g.ep}")
+            if g.gpus_per_engine > c.gpus_per_node and g.gpus_per_engine % c.gpus_per_node:
+                raise ValueError(f"{w}.gpus_per_engine: {g.gpus_per_engine} spans nodes but is not a multiple "
+                                 f"of cluster.gpus_per_node {c.gpus_per_node}")
+        used = sum(g.engines * g.gpus_per_engine for g in self.engine_groups)
+        if used > c.total_gpus:
+            raise ValueError(f"engine_groups: {used} GPUs requested but cluster has "
+                             f"{c.nodes}x{c.gpus_per_node} = {c.total_gpus}")
+        mg = self.megatron
+        if mg is not None:
+            if mg.world_size > c.total_gpus:
+                raise ValueError(f"megatron: {mg.world_size} actor GPUs exceed the cluster's {c.total_gpus}")
+            if m.num_experts % mg.ep:
+                raise ValueError(f"megatron.ep: num_experts {m.num_experts} is not divisible by ep {mg.ep}")
+            if not mg.colocate and used + mg.world_size > c.total_gpus:
+                raise ValueError(f"megatron.colocate: false needs {mg.world_size} + {used} GPUs, cluster has "
+                                 f"{c.total_gpus}")
+        return self
 
 
-def _build(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'top level'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    prefix = f"{where}." if where else ""
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"{prefix}{key}: unknown field (allowed: {', '.join(fields)})")
-    kwargs = {}
-    for name, f in fields.items():
-        path = f"{prefix}{name}"
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{path}: missing required field")
+# ---------------------------------------------------------------- pydantic's first error as one line
+
+_TYPES = {"int": "an integer", "float": "a number", "bool": "true/false", "string": "a string",
+          "dict": "a mapping", "model": "a mapping", "list": "a list"}
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _fields_at(loc: tuple) -> list:
+    """Field names of the model at `loc` (empty where `loc` is no model)."""
+    model = TrainingConfig
+    for part in loc:
+        if isinstance(part, int):
             continue
-        value = _convert(hints[name], data[name], path)
-        meta = f.metadata
-        if value is not None:
-            if meta.get("choices") and value not in meta["choices"]:
-                raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, meta['choices']))}")
-            if meta.get("min") is not None and value < meta["min"]:
-                raise ConfigError(f"{path}: must be >= {meta['min']}, got {value!r}")
-            if meta.get("max") is not None and value > meta["max"]:
-                raise ConfigError(f"{path}: must be <= {meta['max']}, got {value!r}")
-        kwargs[name] = value
-    return cls(**kwargs)
+        if part not in model.model_fields:
+            return []
+        ann = model.model_fields[part].annotation
+        inner = [a for a in (getattr(ann, "__args__", None) or (ann,)) if isinstance(a, type)]
+        model = next((a for a in inner if issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
-# ---------------------------------------------------------------- structural checks
+def one_line(err: ValidationError) -> str:
+    """The first problem pydantic found, as `<field path>: <problem>`."""
+    e = err.errors()[0]
+    loc, kind, value, ctx = tuple(e["loc"]), e["type"], e.get("input"), e.get("ctx") or {}
+    where = _where(loc)
+    if kind == "value_error":  # a rule declared on a model; its text starts with the field it is about
+        text = str(ctx.get("error", e["msg"]))
+        field, fields = text.split(":")[0].split(".")[0].split("[")[0], _fields_at(loc)
+        if not where:
+            return text
+        return f"{where}.{text}" if field in fields or not fields else f"{where}: {text}"
+    if kind == "missing":
+        text = "missing required field"
+    elif kind == "extra_forbidden":
+        text = f"unknown field (allowed: {', '.join(_fields_at(loc[:-1]))})"
+    elif kind == "literal_error":
+        text = f"{value!r} is not one of {ctx['expected']}"
+    elif kind in ("greater_than_equal", "greater_than"):
+        text = f"must be >= {ctx.get('ge', ctx.get('gt'))}, got {value!r}"
+    elif kind in ("less_than_equal", "less_than"):
+        text = f"must be <= {ctx.get('le', ctx.get('lt'))}, got {value!r}"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        text = f"expected {_TYPES.get(kind.split('_')[0], kind)}, got {value!r}"
+    else:
+        text = f"{e['msg']}, got {value!r}"
+    return f"{where or 'top level'}: {text}"
 
-def _check_structure(cfg: TrainingConfig) -> None:
-    m = cfg.model
-    if m.topk > m.num_experts:
-        raise ConfigError(f"model.topk: {m.topk} exceeds model.num_experts {m.num_experts}")
-    if m.first_k_dense_replace >= m.num_layers:
-        raise ConfigError(f"model.first_k_dense_replace: {m.first_k_dense_replace} leaves no MoE layer "
-                          f"(num_layers {m.num_layers})")
-    if not cfg.engine_groups:
-        raise ConfigError("engine_groups: at least one engine group is required")
-    seen = set()
-    for i, g in enumerate(cfg.engine_groups):
-        w = f"engine_groups[{i}]"
-        if not g.name:
-            raise ConfigError(f"{w}.name: must not be empty")
-        if g.name in seen:
-            raise ConfigError(f"{w}.name: duplicate group name {g.name!r}")
-        seen.add(g.name)
-        if g.gpus_per_engine != g.tp * g.pp:
-            raise ConfigError(f"{w}.gpus_per_engine: {g.gpus_per_engine} != tp*pp = {g.tp * g.pp}")
-        if g.tp % g.dp:
-            raise ConfigError(f"{w}.tp: tp {g.tp} is not divisible by dp {g.dp}")
-        if g.tp % g.ep:
-            raise ConfigError(f"{w}.ep: tp {g.tp} is not divisible by ep {g.ep}")
-        if g.dp > 1 and not g.enable_dp_attention:
-            raise ConfigError(f"{w}.dp: dp {g.dp} > 1 requires enable_dp_attention (slime asserts it)")
-        if g.enable_dp_attention and g.dp < 2:
-            raise ConfigError(f"{w}.enable_dp_attention: needs dp >= 2, got dp {g.dp}")
-        if g.enable_dp_lm_head and not g.enable_dp_attention:
-            raise ConfigError(f"{w}.enable_dp_lm_head: requires enable_dp_attention")
-        if g.moe_dense_tp is not None and g.moe_dense_tp not in (1, g.tp):
-            raise ConfigError(f"{w}.moe_dense_tp: SGLang supports 1 or tp ({g.tp}), got {g.moe_dense_tp}")
-        if g.ep > m.num_experts or m.num_experts % g.ep:
-            raise ConfigError(f"{w}.ep: num_experts {m.num_experts} is not divisible by ep {g.ep}")
-        if g.gpus_per_engine > cfg.cluster.gpus_per_node and g.gpus_per_engine % cfg.cluster.gpus_per_node:
-            raise ConfigError(f"{w}.gpus_per_engine: {g.gpus_per_engine} spans nodes but is not a multiple "
-                              f"of cluster.gpus_per_node {cfg.cluster.gpus_per_node}")
-        for k in g.extra_sglang_args:
-            if k.startswith("-") or "-" in k:
-                raise ConfigError(f"{w}.extra_sglang_args.{k}: use the ServerArgs field name (underscores, no --)")
-    used = sum(g.engines * g.gpus_per_engine for g in cfg.engine_groups)
-    if used > cfg.cluster.total_gpus:
-        raise ConfigError(f"engine_groups: {used} GPUs requested but cluster has "
-                          f"{cfg.cluster.nodes}x{cfg.cluster.gpus_per_node} = {cfg.cluster.total_gpus}")
-    mg = cfg.megatron
-    if mg is not None:
-        model_par = mg.tp * mg.pp * mg.cp
-        if mg.world_size % model_par:
-            raise ConfigError(f"megatron: world size {mg.world_size} is not divisible by tp*pp*cp = {model_par}")
-        if mg.world_size > cfg.cluster.total_gpus:
-            raise ConfigError(f"megatron: {mg.world_size} actor GPUs exceed the cluster's {cfg.cluster.total_gpus}")
-        if m.num_experts % mg.ep:
-            raise ConfigError(f"megatron.ep: num_experts {m.num_experts} is not divisible by ep {mg.ep}")
-        if (mg.world_size // mg.pp) % (mg.ep * mg.etp):
-            raise ConfigError(f"megatron.ep: ep*etp {mg.ep * mg.etp} does not divide the per-stage "
-                              f"world size {mg.world_size // mg.pp}")
-        if mg.sequence_parallel and mg.tp == 1:
-            raise ConfigError("megatron.sequence_parallel: needs tp > 1")
-        if not mg.colocate and used + mg.world_size > cfg.cluster.total_gpus:
-            raise ConfigError(f"megatron.colocate: false needs {mg.world_size} + {used} GPUs, cluster has "
-                              f"{cfg.cluster.total_gpus}")
+
+def json_schema() -> dict:
+    """The JSON schema of a config file (for editors: `slime-moe-rollout config schema`)."""
+    return TrainingConfig.model_json_schema()
 
 
 # ---------------------------------------------------------------- entry points
 
 def parse_config(data, name: str = "") -> TrainingConfig:
     """Build and structurally check a config from already-parsed YAML data."""
-    cfg = _build(TrainingConfig, data, "")
+    if not isinstance(data, dict):
+        raise ConfigError(f"top level: expected a mapping, got {data!r}")
+    try:
+        cfg = TrainingConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(one_line(e)) from None
     if not cfg.name:
         cfg.name = name
-    _check_structure(cfg)
     return cfg
 
 

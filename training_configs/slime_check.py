@@ -14,6 +14,7 @@ What slime 0.3.1 (624b824) does with external engines, and so what is checked he
 from __future__ import annotations
 
 from training_configs.schema import ConfigError, TrainingConfig
+from training_configs.server_args import server_fields
 
 LOOPBACK = ("127.", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::", "")
@@ -30,7 +31,7 @@ def slime_offload_rollout(cfg: TrainingConfig) -> bool:
     return _slime_flag(cfg, "offload") or _slime_flag(cfg, "offload_rollout") or colocate
 
 
-def managed_checks(cfg: TrainingConfig, server_fields) -> list:
+def managed_checks(cfg: TrainingConfig) -> list:
     """Raise ConfigError (one line) where slime would refuse or cannot reach the engines; return warnings."""
     r = cfg.rollout
     if r.engine_auth != "none":

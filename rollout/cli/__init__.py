@@ -3,7 +3,7 @@ import argparse
 import importlib
 import sys
 
-from rollout.errors import CliError
+from rollout.errors import CliError, one_line
 
 # (command, module exposing add_parser(subparsers)) - each module owns its sub-command.
 COMMANDS = [
@@ -24,6 +24,19 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def port(text: str) -> int:
+    """argparse type of an engine's (base) port: an integer in the config's `rollout.base_port` range."""
+    from training_configs.schema import BASE_PORTS
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not BASE_PORTS[0] <= n <= BASE_PORTS[1]:
+        raise argparse.ArgumentTypeError(f"must be in [{BASE_PORTS[0]}, {BASE_PORTS[1]}], got {n}")
     return n
 
 
@@ -50,8 +63,8 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except CliError as e:  # the one failure path of every sub-command: bad input, one line, exit 2
+        print(f"error: {one_line(e, None)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -11,7 +11,8 @@ import re
 import time
 from typing import Optional
 
-PLUGIN_LINE = "slime-moe-rollout plugin: active fixes:"  # logged by sglang_patches.plugin in every engine
+from sglang_patches.plugin import parse_active_fixes
+
 _TIMINGS = re.compile(
     r"Engine startup timings \(s\): load_weight=([\d.]+), kv_cache_allocation=([\d.]+), "
     r"scheduler_e2e=([\d.]+), cuda_graph=\{([^}]*)\}, tokenizer_e2e=([\d.]+)"
@@ -20,8 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def add_parser(sub) -> None:
+    from rollout.cli import port
     from rollout.config import PRESETS
-    from rollout.tiny_model import VARIANTS
+    from rollout.models.tiny import VARIANTS
 
     p = sub.add_parser("engine", help="real SGLang on CPU: tiny model, launch, start-up report")
     esub = p.add_subparsers(dest="engine_command", required=True, parser_class=type(p))
@@ -39,7 +41,7 @@ def add_parser(sub) -> None:
     la.add_argument("--variant", choices=VARIANTS, default=None,
                     help="tiny-model variant (default: always-match with speculative decoding, else random)")
     la.add_argument("--log-dir", default=None, help="server log folder (default: .cache/logs)")
-    la.add_argument("--port", type=int, default=None, help="HTTP port (default: a free one)")
+    la.add_argument("--port", type=port, default=None, help="HTTP port (default: a free one)")
     la.add_argument("--prompt", default="the quick brown fox", help="one greedy request after start-up ('' to skip)")
     la.add_argument("--max-new-tokens", type=int, default=8)
     la.add_argument("--no-plugin", action="store_true", help="run stock SGLang (SGLANG_PLUGINS=none)")
@@ -61,7 +63,7 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
     picks a tiny-model variant other than the config's (random) one, in its own default folder."""
     from rollout import models
     from rollout.config import resolve_model
-    from rollout.tiny_model import build_tiny_glm, default_path
+    from rollout.models.tiny import build_tiny_glm, default_path
 
     if variant not in (None, "random") and cfg.model.build == "tiny-glm45":
         return build_tiny_glm(default_path(variant), variant=variant, seed=cfg.model.seed)
@@ -69,7 +71,7 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
 
 
 def _build(args) -> int:
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     print(build_tiny_glm(args.path, variant=args.variant, seed=args.seed))
     return 0
@@ -84,8 +86,8 @@ def _plan(args) -> int:
         cfg = rconfig.load(args.config)
         hosts = [h.strip() for h in args.hosts.split(",")] if args.hosts else None
         engines = plan(cfg, args.model_path, hosts)
-    except (rconfig.ConfigError, ValueError) as e:
-        raise CliError(str(e).splitlines()[0]) from None
+    except ValueError as e:  # a ConfigError, or --hosts not matching the cluster
+        raise CliError(str(e)) from None
     nodes = sum(len(e) for e in engines)
     print(f"# {cfg.name}: {len(engines)} engine(s), {nodes} node command(s), device {cfg.cluster.device}; "
           f"node 0 of each engine serves HTTP; the API key goes in a 0600 file passed with --config")
@@ -108,12 +110,7 @@ def _launch(args) -> int:
 
     if args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be positive")
-    if args.port is not None and not 1024 <= args.port <= 65000:
-        raise CliError(f"--port: must be in [1024, 65000], got {args.port}")
-    try:
-        cfg = rconfig.load(args.config)
-    except rconfig.ConfigError as e:
-        raise CliError(" ".join(str(e).split())) from None
+    cfg = rconfig.load(args.config)
     group = cfg.engine_groups[0]
     if args.model_path is not None:
         if not os.path.isfile(os.path.join(args.model_path, "config.json")):
@@ -164,15 +161,6 @@ def log_text(engine) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-def parse_active_fixes(text: str) -> Optional[list]:
-    """Fix names from the plugin's log line (the first one seen), or None if it was never logged."""
-    for line in text.splitlines():
-        if PLUGIN_LINE in line:
-            rest = line.split(PLUGIN_LINE, 1)[1].strip()
-            return [] if rest == "none" else [x.strip() for x in rest.split(",") if x.strip()]
-    return None
 
 
 def parse_startup_timings(text: str) -> Optional[dict]:

@@ -43,25 +43,19 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from rollout.cli import CliError
     from rollout.cli.run import prompts_for
+    from rollout.errors import CliError, short_error
     from rollout.r3 import check
 
     cfg = None
     if args.config:
         from rollout import config as rconfig
-        try:
-            cfg = rconfig.load(args.config)
-        except rconfig.ConfigError as e:
-            raise CliError(str(e)) from None
+        cfg = rconfig.load(args.config)
     model_path = args.model
     if cfg:
         from rollout import models
         cfg.model.path = args.model or cfg.model.path
-        try:
-            model_path = rconfig.resolve_model(cfg, build=models.build)  # model.build writes it there
-        except rconfig.ConfigError as e:
-            raise CliError(str(e)) from None
+        model_path = rconfig.resolve_model(cfg, build=models.build)  # model.build writes it there
     if model_path is None:
         raise CliError("r3 check: --model is required with --url or --samples")
     if not os.path.isfile(os.path.join(model_path, "config.json")):
@@ -74,7 +68,7 @@ def main(args) -> int:
         samples, notes = _samples(args, cfg, model_path, hf_cfg, prompts_for)
         rep = check.run(samples, model_path, dtype, args.corrupt, notes)
     except (ValueError, OSError) as e:
-        raise CliError(f"r3 check: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise CliError(f"r3 check: {short_error(e)}") from None
     if args.save_samples:
         _save(args.save_samples, samples, model_path, cfg, args)
     print(json.dumps(rep.as_dict(), indent=2) if args.json else check.table(rep))

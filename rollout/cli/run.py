@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 
-from rollout.cli import positive_int
+from rollout.cli import port, positive_int
 from rollout.prompts import synthetic as prompts_for  # noqa: F401  (r3 and the benchmarks use it)
 
 
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
                    help="prompts through the model tokenizer's chat template (text or a list of messages)")
     p.add_argument("--apply-chat-template-kwargs", type=_json_object, default={},
                    help="JSON object passed to apply_chat_template")
-    p.add_argument("--base-port", type=int, default=None,
+    p.add_argument("--base-port", type=port, default=None,
                    help="override rollout.base_port (engine i listens on base_port + 10*i)")
     p.set_defaults(func=main)
 
@@ -90,21 +90,16 @@ def main(args) -> int:
     from rollout import group_log, models, prompts
     from rollout.config import resolve_model
     from rollout.errors import CliError
-    from training_configs.schema import ConfigError, load_config
+    from training_configs.schema import load_config
 
     if args.config is None and not args.resume:
         raise CliError("run: --config is required (or --resume OUTPUT)")
-    if args.base_port is not None and not 1024 <= args.base_port <= 65000:
-        raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
     out_dir = os.path.dirname(os.path.abspath(args.resume or args.output))
     if not os.path.isdir(out_dir):
         raise CliError(f"--output: directory {out_dir} does not exist")
     meta = _resumed_run(args) if args.resume else None
-    try:
-        cfg = load_config(args.config)
-        model_path = resolve_model(cfg, build=models.build)
-    except ConfigError as e:
-        raise CliError(str(e)) from None
+    cfg = load_config(args.config)
+    model_path = resolve_model(cfg, build=models.build)
     if args.base_port is not None:
         cfg.rollout.base_port = args.base_port
     source = meta.get("prompts") if meta else prompts.describe(

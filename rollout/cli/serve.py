@@ -21,12 +21,13 @@ import signal
 import sys
 import time
 
+from rollout.cli import port
 from rollout.cli.console import say as _say
 from rollout.types import EngineEvent
 
 
 def add_parser(sub) -> None:
-    from rollout.net import PORTS_PER_ENGINE
+    from training_configs.server_args import PORTS_PER_ENGINE
 
     p = sub.add_parser("serve", help="start the engines and keep them up for slime to attach (managed mode)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", choices=("local", "ray"), default="local",
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default="serve.logs", help="engine logs (default: ./serve.logs)")
-    p.add_argument("--base-port", type=int, default=None,
+    p.add_argument("--base-port", type=port, default=None,
                    help=f"override rollout.base_port (engine i listens on base_port + {PORTS_PER_ENGINE} i)")
     p.set_defaults(func=main)
 
@@ -44,27 +45,15 @@ def main(args) -> int:
     from rollout.cli import CliError
     from rollout.cli.engine import model_for
 
-    try:
-        cfg = rconfig.load(args.config)
-    except rconfig.ConfigError as e:
-        raise CliError(" ".join(str(e).split())) from None
+    cfg = rconfig.load(args.config)
     if args.base_port is not None:
-        if not 1024 <= args.base_port <= 65000:
-            raise CliError(f"--base-port: must be in [1024, 65000], got {args.base_port}")
         cfg.rollout.base_port = args.base_port
     if os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
         raise CliError(f"--log-dir: {args.log_dir} exists and is not a directory")
     if cfg.slime.integration == "managed":   # what slime will refuse, before any engine starts
-        from training_configs.render import server_fields
         from training_configs.slime_check import managed_checks
-        try:
-            managed_checks(cfg, server_fields)
-        except rconfig.ConfigError as e:
-            raise CliError(str(e)) from None
-    try:
-        model_path = model_for(cfg)
-    except rconfig.ConfigError as e:
-        raise CliError(" ".join(str(e).split())) from None
+        managed_checks(cfg)
+    model_path = model_for(cfg)
     return asyncio.run(_serve(cfg, model_path, args))
 
 
@@ -82,7 +71,6 @@ async def _serve(cfg, model_path: str, args) -> int:
     from rollout.manager import RolloutManager
     from rollout.cli.run import _backend
     from rollout.cli.serve_weights import WeightGuard
-    from training_configs.render import server_fields
     from training_configs.slime_check import managed_checks
 
     console = stderr_console()
@@ -123,7 +111,7 @@ async def _serve(cfg, model_path: str, args) -> int:
     print(addrs, flush=True)
     if cfg.rollout.engine_auth == "none":
         key_note = f"no API key, bound to {cfg.rollout.host}"
-        for w in managed_checks(cfg, server_fields):
+        for w in managed_checks(cfg):
             _say(console, f"WARNING: {w}")
     elif cfg.rollout.api_key:
         key_note = "api key from rollout.api_key"

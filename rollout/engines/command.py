@@ -1,6 +1,6 @@
 """The one command builder: an engine (a config group's `EngineSpec`) -> per-node `NodeCommand`s
 (argv, env). It holds the one mapping from an engine group to SGLang ServerArgs fields
-(`server_fields`), which `training_configs.render` prints and checks too. Nothing is started here.
+(`training_configs.server_args`), which `config render` prints and checks too. Nothing is started here.
 
 Device profiles:
   cpu  : --device cpu, SGLANG_USE_CPU_ENGINE=1, OMP thread binding split over the ranks, a small token
@@ -12,7 +12,7 @@ An engine with gpus_per_engine > gpus_per_node spans nnodes = gpus_per_engine //
 (as slime's `_compute_server_args` derives): every node gets the same flags plus --nnodes, --node-rank
 and node 0's --dist-init-addr; node 0 serves HTTP.
 
-Ports of an engine at `port` (`rollout.net.engine_port`: engines are PORTS_PER_ENGINE apart): port
+Ports of an engine at `port` (`training_configs.server_args.engine_port`: engines are PORTS_PER_ENGINE apart): port
 HTTP, port+1 NCCL, port+2 dist-init (SGLang derives port+3.. from it), port+9 the health stub SGLang
 binds on nodes 1.. (apart from node 0's HTTP port when nodes share a host, as in the CPU simulation).
 The API key never goes on argv: `api_key` is written by the spawner to a 0600 file passed with --config.
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from training_configs.schema import ConfigError, EngineGroup
+from training_configs.server_args import fields_to_flags, group_fields
 
 NCCL_PORT, DIST_PORT, STUB_PORT = 1, 2, 9
 CPU_TOKENS, CPU_MEM_FRACTION = 4096, 0.05
@@ -80,75 +80,6 @@ def _cpu_range(group: list) -> str:
     return ",".join(str(c) for c in group)
 
 
-def server_fields(group: EngineGroup, model_path: str, tokenizer_path: Optional[str] = None) -> dict:
-    """ServerArgs field values of one engine of `group` (insertion order = flag order); the node's
-    host, port, key and device profile are added by `build`."""
-    g = group
-    f: dict = {"model_path": model_path}
-    if tokenizer_path:
-        f["tokenizer_path"] = tokenizer_path
-    f["trust_remote_code"] = True
-    f["tp_size"] = g.tp
-    if g.pp > 1:
-        f["pp_size"] = g.pp
-    if g.dp > 1:
-        f["dp_size"] = g.dp
-    if g.ep > 1:
-        f["ep_size"] = g.ep
-    if g.moe_dense_tp is not None:
-        f["moe_dense_tp_size"] = g.moe_dense_tp
-    if g.enable_dp_attention:
-        f["enable_dp_attention"] = True
-    if g.enable_dp_lm_head:
-        f["enable_dp_lm_head"] = True
-    if g.moe_a2a_backend != "none":
-        f["moe_a2a_backend"] = g.moe_a2a_backend
-    s = g.speculative
-    if s is not None:
-        f["speculative_algorithm"] = s.algorithm
-        if s.draft_model_path:
-            f["speculative_draft_model_path"] = s.draft_model_path
-        f["speculative_num_steps"] = s.num_steps
-        f["speculative_eagle_topk"] = s.eagle_topk
-        f["speculative_num_draft_tokens"] = s.num_draft_tokens
-    if g.routed_experts:
-        f["enable_return_routed_experts"] = True
-    for name in ("chunked_prefill_size", "max_running_requests", "cuda_graph_max_bs", "mem_fraction_static"):
-        value = getattr(g, name)
-        if value is not None:
-            f[name] = value
-    for name, value in g.extra_sglang_args.items():
-        if name in f:
-            raise ConfigError(f"engine group {g.name!r}: extra_sglang_args.{name} duplicates a typed field; "
-                              f"set it in the group instead")
-        f[name] = value
-    return f
-
-
-def fields_to_flags(fields: dict, prefix: str = "") -> list[str]:
-    """`{tp_size: 32, enable_dp_attention: True}` -> `["--tp-size", "32", "--enable-dp-attention"]`.
-    SGLang's spelling: `--field-name`, booleans are bare store_true flags (False and None: left out)."""
-    out: list[str] = []
-    for name, value in fields.items():
-        flag = "--" + prefix + name.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, list):
-            out.append(flag)
-            out.extend(scalar(v) for v in value)
-        else:
-            out.extend([flag, scalar(value)])
-    return out
-
-
-def scalar(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
 def build(name: str, fields: dict, *, device: str, port: int, api_key: Optional[str] = None,
           layout: Optional[Layout] = None, env: Optional[dict] = None, host: str = "127.0.0.1") -> NodeCommand:
     """NodeCommand for one node of an engine whose ServerArgs fields are `fields` (no host/port/key)."""
@@ -193,7 +124,7 @@ def build(name: str, fields: dict, *, device: str, port: int, api_key: Optional[
 
 def spec_fields(spec) -> dict:
     """ServerArgs fields of one engine of a config."""
-    return server_fields(spec.group, spec.model_path, spec.tokenizer_path)
+    return group_fields(spec.group, spec.model_path, spec.tokenizer_path)
 
 
 def spec_layouts(spec, hosts: Optional[list] = None, gpus: Optional[list] = None) -> list:

@@ -21,7 +21,8 @@ import time
 from concurrent.futures import Future
 from typing import Optional
 
-from rollout.net import PORTS_PER_ENGINE, write_private
+from rollout.net import write_private
+from training_configs.server_args import PORTS_PER_ENGINE
 
 OWNER_ENV = "SLIME_MOE_ROLLOUT_OWNER"  # "<manager pid>:<port>" on every engine process we start
 

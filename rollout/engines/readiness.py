@@ -20,6 +20,7 @@ from typing import Optional
 
 import aiohttp
 
+from rollout.errors import short_error
 from rollout.net import auth_headers
 
 POLL_S = 0.2
@@ -211,7 +212,7 @@ async def wait_ready(engine, budgets, session: aiohttp.ClientSession, view=None,
                 except (_Dead, asyncio.TimeoutError, _Fatal):
                     raise
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    ok, last = False, _short(e)
+                    ok, last = False, short_error(e)
                 if ok:
                     break
                 if time.monotonic() + POLL_S >= deadline:
@@ -249,7 +250,7 @@ async def _health_hedged(session, engine, deadline, max_inflight: int = 5) -> tu
                 try:
                     status, _ = t.result()
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    last = _short(e)
+                    last = short_error(e)
                     continue
                 if status == 200:
                     return True, "ok"
@@ -278,11 +279,6 @@ async def _read_dp_size(session, engine, info: ReadyInfo, deadline) -> None:
 
 class _Fatal(Exception):
     """A phase answer that waiting will not fix (e.g. the API key is rejected)."""
-
-
-def _short(e: BaseException) -> str:
-    s = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {s}"[:160] if s else type(e).__name__
 
 
 async def _check(key, session, engine, info: ReadyInfo, deadline) -> tuple[bool, str]:

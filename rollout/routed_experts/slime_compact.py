@@ -19,13 +19,13 @@ the reviewed one:
 The layout comes from slime's args (``num_layers``, ``moe_layer_freq``, ``num_experts``,
 ``moe_router_topk``); int32/int64 tensors pass through unchanged.
 """
-import functools
-import importlib
-import inspect
 import os
 import sys
 
 import torch
+
+from sglang_patches.in_place import wrap_in_place
+from sglang_patches.registry import Hook
 
 from .codec import expand
 from .layout import MoELayout
@@ -37,7 +37,6 @@ ACTOR = "slime.backends.megatron_utils.actor"
 VALIDATE_FN = "validate_rollout_routed_experts_for_replay"
 PREPARE_FN = "prepare_routed_experts_for_routing_replay"
 REVIEWED = {VALIDATE_FN: "675a66b5ad5a33b3", PREPARE_FN: "6a0993eba4b00b15"}   # slime commit 624b824
-MARK = "_slime_moe_rollout_compact"
 
 
 def enabled() -> bool:
@@ -81,50 +80,27 @@ class _Expanded:
         return to_slime(self.items[i], self.layout)
 
 
-def _refusal(mod, name) -> str:
-    fn = getattr(mod, name, None)
-    if fn is None:
-        return f"{mod.__name__}.{name} is missing"
-    from sglang_patches.fingerprint import digest
-    got = digest(inspect.getsource(inspect.unwrap(fn)))
-    return "" if got == REVIEWED[name] else f"{mod.__name__}.{name} changed (fingerprint {got} != reviewed {REVIEWED[name]})"
-
-
-def _wrap(mod, name, make) -> bool:
-    fn = getattr(mod, name, None)
-    if getattr(fn, MARK, False):
-        return True
-    if why := _refusal(mod, name):
+def _wrap(target: str, fn, rebind: tuple = ()) -> bool:
+    """`fn` AROUND slime's `target`, pinned to its reviewed source (`sglang_patches.in_place`)."""
+    why = wrap_in_place({Hook(target, fn): REVIEWED[target.rsplit(".", 1)[1]]}, rebind)
+    if why:
         print(f"slime-moe-rollout: routed experts handed to slime as int32: {why}", file=sys.stderr)
-        return False
-    wrapped = functools.wraps(fn)(make(fn))
-    setattr(wrapped, MARK, True)
-    setattr(mod, name, wrapped)
-    return True
+    return not why
+
+
+def _validate(original, routed_experts, args):
+    return original(_Expanded(routed_experts, layout_from_args(args)), args)
 
 
 def install_rollout_side() -> bool:
     """Wrap slime's R3 validation where its rollout manager calls it. True when in place."""
-    def make(original):
-        def validate(routed_experts, args):
-            return original(_Expanded(routed_experts, layout_from_args(args)), args)
-        return validate
-    return _wrap(importlib.import_module(ROLLOUT), VALIDATE_FN, make)
+    return _wrap(f"{ROLLOUT}.{VALIDATE_FN}", _validate)
 
 
 def install(args) -> bool:
     """slime's ``--custom-megatron-init-path`` entry point (trainer side). True when in place."""
     layout = layout_from_args(args)
-    mod = importlib.import_module(CP_UTILS)
-    original = getattr(mod, PREPARE_FN, None)
 
-    def make(fn):
-        def prepare(rollout_routed_experts, *a, **kw):
-            return fn([to_slime(x, layout) for x in rollout_routed_experts], *a, **kw)
-        return prepare
-    if not _wrap(mod, PREPARE_FN, make):
-        return False
-    actor = sys.modules.get(ACTOR)   # slime's actor imported the name before calling init
-    if actor is not None and getattr(actor, PREPARE_FN, None) is original:
-        setattr(actor, PREPARE_FN, getattr(mod, PREPARE_FN))
-    return True
+    def prepare(original, rollout_routed_experts, *a, **kw):
+        return original([to_slime(x, layout) for x in rollout_routed_experts], *a, **kw)
+    return _wrap(f"{CP_UTILS}.{PREPARE_FN}", prepare, rebind=(ACTOR,))  # slime's actor imported the name

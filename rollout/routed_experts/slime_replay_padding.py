@@ -13,17 +13,17 @@ actor after parallel state is set up). ``install`` wraps two slime functions, no
   ``replay_padding.fill_pad_rows`` (ordinals after slicing, layer = slime's layer column) with the
   trainer's ``expert_model_parallel_size``; a partially padded row is refused.
 
-Both targets are pinned by ``sha256(inspect.getsource)[:16]``: if slime's source differs,
-``install`` changes nothing and says so (stderr). Already using ``--custom-megatron-init-path``?
-Call ``install(args)`` from your own init function.
+Both targets are pinned by their source fingerprint, as the plugin's hooks on SGLang are
+(``sglang_patches.in_place``): if slime's source differs, ``install`` changes nothing and says so
+(stderr). Already using ``--custom-megatron-init-path``? Call ``install(args)`` from your own init function.
 """
-import functools
-import importlib
-import inspect
 import sys
 
 import numpy as np
 import torch
+
+from sglang_patches.in_place import wrap_in_place
+from sglang_patches.registry import Hook, pin_problem
 
 from .replay_padding import PAD, fill_pad_rows
 
@@ -35,41 +35,19 @@ REVIEWED = {  # slime commit 624b824
     PAD_FN: "96e984beb3543043",
     PREPARE_FN: "6a0993eba4b00b15",
 }
-MARK = "_slime_moe_rollout_wrapped"
 
 
-def _digest(fn) -> str:
-    from sglang_patches.fingerprint import digest
-    return digest(inspect.getsource(fn))
+def mark_padding(original, experts, pad, num_experts):
+    out = original(experts, pad, num_experts)
+    if pad:
+        if not out.dtype.is_signed:
+            out = out.to(torch.int32)
+        out[-pad:] = PAD
+    return out
 
 
-def refusal(mod) -> str:
-    """Why ``install`` would not touch module ``mod`` (empty when it would)."""
-    for name, want in REVIEWED.items():
-        fn = getattr(mod, name, None)
-        if fn is None:
-            return f"{mod.__name__}.{name} is missing"
-        fn = getattr(fn, "__wrapped__", fn)
-        if (got := _digest(fn)) != want:
-            return f"{mod.__name__}.{name} changed (fingerprint {got} != reviewed {want})"
-    return ""
-
-
-def mark_padding(original):
-    @functools.wraps(original)
-    def pad(experts, pad, num_experts):
-        out = original(experts, pad, num_experts)
-        if pad:
-            if not out.dtype.is_signed:
-                out = out.to(torch.int32)
-            out[-pad:] = PAD
-        return out
-    return pad
-
-
-def spread_padding(original, ep_size: int):
-    @functools.wraps(original)
-    def prepare(*args, **kwargs):
+def spread_padding(ep_size: int):
+    def prepare(original, *args, **kwargs):
         out = original(*args, **kwargs)
         rows = out.cpu().numpy().astype(np.int64)
         fill_pad_rows(rows, kwargs["num_experts"], ep_size)
@@ -77,21 +55,22 @@ def spread_padding(original, ep_size: int):
     return prepare
 
 
+def pins(ep_size: int = 1, module: str = CP_UTILS) -> dict:
+    """The two wrappers pinned to slime's reviewed source (`sglang_patches.in_place`)."""
+    return {Hook(f"{module}.{PAD_FN}", mark_padding): REVIEWED[PAD_FN],
+            Hook(f"{module}.{PREPARE_FN}", spread_padding(ep_size)): REVIEWED[PREPARE_FN]}
+
+
+def refusal(module: str = CP_UTILS) -> str:
+    """Why ``install`` would not touch module ``module`` (empty when it would)."""
+    return pin_problem(pins(module=module))
+
+
 def install(args) -> bool:
     """slime's ``--custom-megatron-init-path`` entry point. True when the wrappers are in place."""
-    mod = importlib.import_module(CP_UTILS)
-    if getattr(mod, MARK, False):
-        return True
-    if why := refusal(mod):
+    ep_size = int(getattr(args, "expert_model_parallel_size", 1) or 1)
+    why = wrap_in_place(pins(ep_size), rebind=(ACTOR,))  # slime's actor imported the name before calling init
+    if why:
         print(f"slime-moe-rollout: replay padding left as slime's: {why}", file=sys.stderr)
         return False
-    ep_size = int(getattr(args, "expert_model_parallel_size", 1) or 1)
-    original = getattr(mod, PREPARE_FN)
-    wrapped = spread_padding(original, ep_size)
-    setattr(mod, PAD_FN, mark_padding(getattr(mod, PAD_FN)))
-    setattr(mod, PREPARE_FN, wrapped)
-    actor = sys.modules.get(ACTOR)  # slime's actor imported the name before calling init
-    if actor is not None and getattr(actor, PREPARE_FN, None) is original:
-        setattr(actor, PREPARE_FN, wrapped)
-    setattr(mod, MARK, True)
     return True

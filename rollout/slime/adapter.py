@@ -28,19 +28,42 @@ public calls are used: `new_group`, `rollout`, `carried`, `relist`, `generate`, 
 from __future__ import annotations
 
 import importlib
-import inspect
 import itertools
 import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
 
 from rollout.routed_experts import decode_compact, slime_compact, to_slime_shape
 from rollout.slime import attach
-from rollout.slime.types import SLIME_AVAILABLE, RolloutFnTrainOutput, Sample
+from rollout.slime.types import RolloutFnTrainOutput, Sample
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
 __all__ = ["generate", "generate_rollout", "reset", "set_backend", "set_tokenizer"]
 
-_STATE: dict = {}
+_UNSET = object()
+
+
+@dataclass
+class _State:
+    """What the adapter keeps between slime's calls in this process."""
+
+    backend: Any = None       # a RolloutManager (attached to slime's workers, or given by set_backend)
+    tokenizer: Any = _UNSET   # None: every prompt arrives as tokens; unset: slime's hf_checkpoint's
+    pending: dict = field(default_factory=dict)   # manager group id -> slime samples (carried too)
+    loop: Optional[attach.Loop] = None            # kept across reset(): the backend's event loop thread
+    sample_ids: Iterator[int] = field(default_factory=itertools.count)   # unique in this process
+
+    def reset(self) -> None:
+        """Stop the backend (closing its HTTP session) and forget it, with its carried groups and the tokenizer."""
+        backend, self.backend = self.backend, None
+        if backend is not None and self.loop is not None:
+            backend.drop_carried()
+            self.loop.run(backend.stop())
+        self.tokenizer, self.pending = _UNSET, {}
+
+
+_STATE = _State()
 _LOCK = threading.Lock()
 _SLIME = {  # slime's own rollout helpers (importable wherever slime calls this adapter)
     "eval": "slime.rollout.sglang_rollout.generate_rollout",
@@ -67,38 +90,33 @@ def _slime(name: str, why: str):
 
 def _loop() -> attach.Loop:
     with _LOCK:
-        if "loop" not in _STATE:
-            _STATE["loop"] = attach.Loop()
-        return _STATE["loop"]
+        if _STATE.loop is None:
+            _STATE.loop = attach.Loop()
+        return _STATE.loop
 
 
 # ------------------------------------------------------------------ wiring
 def set_backend(backend, tokenizer=None) -> None:
     """Use `backend` (a `RolloutManager`, attached or started) for every later call."""
-    _STATE.update(backend=backend, tokenizer=tokenizer)
+    _STATE.backend, _STATE.tokenizer = backend, tokenizer
 
 
 def set_tokenizer(tokenizer) -> None:
     """The tokenizer for prompts without tokens (None: every prompt arrives as tokens)."""
-    _STATE["tokenizer"] = tokenizer
+    _STATE.tokenizer = tokenizer
 
 
 def reset() -> None:
     """Stop the backend (closing its HTTP session) and forget it, with its carried groups (the next call
     attaches again)."""
-    backend = _STATE.pop("backend", None)
-    if backend is not None and "loop" in _STATE:
-        backend.drop_carried()
-        _STATE["loop"].run(backend.stop())
-    for key in ("tokenizer", "pending"):
-        _STATE.pop(key, None)
+    _STATE.reset()
 
 
 def _ensure(args):
-    if "backend" not in _STATE:
-        tokenizer = _STATE["tokenizer"] if "tokenizer" in _STATE else _load_tokenizer(args)
+    if _STATE.backend is None:
+        tokenizer = _load_tokenizer(args) if _STATE.tokenizer is _UNSET else _STATE.tokenizer
         set_backend(_loop().run(attach.attach_workers(args)), tokenizer)
-    return _STATE["backend"], _STATE.get("tokenizer")
+    return _STATE.backend, _STATE.tokenizer
 
 
 def _load_tokenizer(args):
@@ -149,12 +167,7 @@ async def _hooks(args, sample):
 
 
 async def _call_rm(args, name: str, value):
-    if SLIME_AVAILABLE:
-        return await _slime(name, "reward")(args, value)
-    if not getattr(args, "custom_rm_path", None):   # slime's built-in rms need slime
-        return None if name == "async_rm" else [None] * len(value)
-    out = _load(args.custom_rm_path)(args, value)
-    return await out if inspect.isawaitable(out) else out
+    return await _slime(name, "reward")(args, value)
 
 
 async def _finish_group(args, group: list) -> list:
@@ -230,7 +243,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
     if backend.n_samples != n:
         raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
-    pending: dict = _STATE.setdefault("pending", {})   # manager group id -> slime samples (carried too)
+    pending = _STATE.pending
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
     sink = _Sink(args, pending, backend.layout, want)
     results = []
@@ -277,9 +290,6 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
-_SAMPLE_IDS = itertools.count()
-
-
 async def generate(args, sample, sampling_params, evaluation=False):
     """slime `--custom-generate-function-path` entry point: one sample through the manager.
     `sampling_params["max_new_tokens"]` is the total response budget (slime's rule)."""
@@ -292,7 +302,7 @@ async def generate(args, sample, sampling_params, evaluation=False):
     backend, tokenizer = _ensure(args)
     ids = _prompt_ids(sample, tokenizer)
     cut = len(ids) - sample.response_length if sample.tokens else len(ids)
-    k = next(_SAMPLE_IDS)
+    k = next(_STATE.sample_ids)
     ms = ManagerSample(f"slime{k}/0", f"slime{k}", 0, ids[:cut], response_ids=ids[cut:],
                        logprobs=[0.0] * (len(ids) - cut), max_new_tokens=budget)
     if backend.layout is not None and sample.rollout_routed_experts is not None and len(ids) > 1:

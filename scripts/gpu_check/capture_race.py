@@ -9,19 +9,18 @@ record_stream); forward N+1 is launched on the forward stream before result N is
 capture lands before the D2H: stock SGLang stores the next forward's row; with our plugin's
 capture-snapshot hook the D2H reads a snapshot taken on the forward stream.
 
-Run as `python scripts/gpu_check/capture_race.py none|plugin` (tests/scenario_runner.py harness).
+Run as `python scripts/gpu_check/capture_race.py none|plugin` (the `sglang_patches.scenarios.runner` harness).
 SGLang is imported (and the plugin's hooks applied) inside sglang_imports.imports_without_cuda()
 (sgl_kernel cannot travel). The code under test (BaseTopkCapturer, TopkCaptureOutput,
 GenerationBatchResult.copy_to_cpu, _async_d2h) has no import-time CUDA flag and then runs on CUDA.
 """
 import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from scenario_runner import main, registry  # noqa: E402
-from sglang_imports import imports_without_cuda  # noqa: E402
+from sglang_imports import imports_without_cuda  # scripts/gpu_check: the script's own folder
+
+from sglang_patches.scenarios.runner import main, registry
 
 SCENARIOS, scenario = registry()
 STEPS = (((10, 11, 12, 13), 100), ((14,), 900))  # a 4-token prefill, then the next decode forward

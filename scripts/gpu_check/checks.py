@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 RESULTS = []
 
 
@@ -61,7 +60,7 @@ def check_cpu_hook_decision():
 def check_capture_snapshot():
     """sglang#34319 on CUDA: stock 0.5.15.post1 stores the next forward's row; our plugin's hook stores the right one."""
     from capture_race import STOCK, WANT  # noqa: F401  (scripts/gpu_check on sys.path)
-    from scenario_runner import MARK
+    from sglang_patches.scenarios.runner import MARK
 
     res = {}
     for state in ("none", "plugin"):
@@ -88,18 +87,13 @@ def check_capture_snapshot():
 
 
 def check_megatron_replay():
-    """The R3 replay test's worker with routers and tensors on CUDA (nccl), same assertions."""
+    """The R3 replay test run as a program with routers and tensors on CUDA (nccl), same assertions."""
     if not cuda():
         return judge("megatron_replay_cuda", "SKIP", "no CUDA device")
-    from test_routed_experts_megatron import check_replay
-
-    try:
-        res = check_replay("cuda")
-    except AssertionError as e:
-        return judge("megatron_replay_cuda", "FAIL", str(e)[-1500:])
-    except subprocess.TimeoutExpired:
-        return judge("megatron_replay_cuda", "FAIL", "worker timed out")
-    judge("megatron_replay_cuda", "PASS", json.dumps(res))
+    rc, out, err = py(["tests/test_routed_experts_megatron.py", "--check", "cuda"], 300)
+    if rc != 0:
+        return judge("megatron_replay_cuda", "FAIL", f"rc {rc}: {err.strip()[-1500:]}")
+    judge("megatron_replay_cuda", "PASS", out.strip().splitlines()[-1])
 
 
 def check_cuda_branches():

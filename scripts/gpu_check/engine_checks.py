@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(HERE)]
+sys.path[:0] = [str(ROOT), str(HERE)]
 import judges  # noqa: E402
 import plan  # noqa: E402
 from rollout.cli.engine import log_text, parse_active_fixes  # noqa: E402
@@ -106,7 +106,7 @@ def wait_all(engines, specs, budget) -> dict:
 def prompts(n: int, seed: int = 0) -> list:
     import random
 
-    from rollout.tiny_model import SPECIALS, VOCAB
+    from rollout.models.tiny import SPECIALS, VOCAB
 
     rng = random.Random(seed)
     regular = list(range(len(SPECIALS), VOCAB))
@@ -114,18 +114,24 @@ def prompts(n: int, seed: int = 0) -> list:
 
 
 def ask(eng, ids, n):
-    from conftest import decode_routed, generate
-    from rollout.tiny_model import NUM_LAYERS, TOP_K
+    import requests
 
-    out = generate(eng, ids, n, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+    from rollout.routed_experts.codec import decode_int32
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
+
+    body = {"input_ids": list(ids), "return_routed_experts": eng.spec.group.routed_experts,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    r = requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body, timeout=600)
+    r.raise_for_status()
+    out = r.json()
     seq = list(ids) + out["output_ids"][:-1]  # SGLang reports P+O-1 rows: the last token is never forwarded
-    routed = decode_routed(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K).tolist()
+    routed = decode_int32(out["meta_info"]["routed_experts"]).reshape(-1, NUM_LAYERS, TOP_K).tolist()
     return {"seq": seq, "routed": routed, "out": len(out["output_ids"])}
 
 
 class Router:
     """transformers' router on the GPU (fp32): {moe layer: [sorted experts per token]} per sequence.
-    The tests' reference (tests/conftest.hf_router_topk) with the model on `device`, for both layouts:
+    The tests' reference (tests/support/hf.py router_topk) with the model on `device`, for both layouts:
     transformers 5.12.1 (SGLang 0.5.15.post1's pin, carried) routes in the MoE block's
     `route_tokens_to_experts`; newer releases' router returns (logits, weights, indices)."""
 
@@ -229,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=8, help="requests of the routed-experts checks")
     args = ap.parse_args(argv)
     budget = judges.Budget(args.budget)
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
 
     t0 = time.time()
     model = build_tiny_glm(os.path.join(args.work, "tiny-glm45"), variant="random")

@@ -22,7 +22,7 @@ def run(device: str) -> dict:
 
     from sglang_patches.cpu.sgl_kernel_cpu import cuda_ops as ops
 
-    from rollout.tiny_model import build_tiny_glm
+    from rollout.models.tiny import build_tiny_glm
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     # the layers read the process's server args, as in an engine: those of the tiny GLM on this device

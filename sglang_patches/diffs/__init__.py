@@ -12,11 +12,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from sglang_patches.errors import CliError
+
 HERE = Path(__file__).resolve().parent
 
 
-class ApplyError(Exception):
-    pass
+class ApplyError(CliError):
+    """The diffs cannot be applied (one line, exit 2)."""
 
 
 def variants() -> list:

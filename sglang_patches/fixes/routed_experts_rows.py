@@ -19,6 +19,9 @@ published ServerArgs (`grow_buffer_published_args`), 0.5.15.post1 from the globa
 (`grow_buffer_global_args`); the prefill-graph buckets are
 `cuda_graph_config.prefill.bs` as given.
 
+The same hook first refuses a capturer for speculative settings that draft a tree (EAGLE top-k > 1,
+ngram), whose rows SGLang leaves behind (accepted-path-rows, sglang#37949).
+
 Upstream: sglang#31116 (closed as inactive), sglang#26860.
 """
 import math
@@ -26,6 +29,7 @@ import math
 from sglang_patches.registry import Fix, Hook
 
 from ._args import bind, server_flag
+from .accepted_path_rows import refuse_tree_capture
 
 TARGET = "sglang.srt.state_capturer.routed_experts.RoutedExpertsCapturer.__init__"
 
@@ -65,6 +69,8 @@ def _grow_from_bags(original, args, kwargs, num_dp_ranks):
     from sglang.srt import runtime_context
     from sglang.srt.state_capturer import routed_experts as re_mod
 
+    spec = runtime_context.get_spec()
+    refuse_tree_capture(spec.speculative_algorithm, getattr(spec, "speculative_eagle_topk", None))
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
@@ -134,10 +140,11 @@ def _grow_from_server_args(original, args, kwargs, server_args, attn_tp_size):
     `attn_tp_size()` read the release's published settings (`dp_size` is the DP width)."""
     from sglang.srt.state_capturer import routed_experts as re_mod
 
+    sa = server_args()
+    refuse_tree_capture(sa.speculative_algorithm, sa.speculative_eagle_topk)
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
-    sa = server_args()
     dp_attention = re_mod.is_dp_attention_enabled()
     prefill_tokens, decode_bs = _server_args_graph_sizes(sa)
     need = rows_needed(

@@ -12,7 +12,6 @@ module stand-in (`torch.cpu` plus a capture query answering False).
 from sglang_patches.registry import Fix, Hook
 
 from . import graphs_idle_reason, graphs_on
-from .backend import CpuDeviceModuleStandIn, make_backend
 
 DECODE = "sglang.srt.model_executor.runner_backend.utils.resolve_decode_backend"
 PREFILL = "sglang.srt.model_executor.runner_backend.utils.resolve_prefill_backend"
@@ -21,12 +20,16 @@ RUNNER_INIT = "sglang.srt.model_executor.runner.base_runner.BaseRunner.__init__"
 
 def replay_backend(original, cuda_graph_runner, *args, **kwargs):
     if graphs_on() and cuda_graph_runner.model_runner.device == "cpu":
+        from .backend import make_backend  # torch: imported inside the engine only
+
         return make_backend(cuda_graph_runner)
     return original(cuda_graph_runner, *args, **kwargs)
 
 
 def cpu_device_module(result, self, *args, **kwargs):
     if graphs_on() and self.device == "cpu":
+        from .backend import CpuDeviceModuleStandIn
+
         self.device_module = CpuDeviceModuleStandIn()
     return None
 

@@ -2,7 +2,7 @@
 
 The routers of trained MoE models sit near ties, so two engines whose bf16 arithmetic differs in the
 last bits pick different experts for a few percent of tokens; that is what routing replay (R3) fixes.
-This model reproduces it at tiny size (the large-margin model in `tiny_model` does the opposite):
+This model reproduces it at tiny size (the large-margin model in `tiny` does the opposite):
 
 - bf16 weights, 5 decoder layers (layer 0 dense, layers 1-4 MoE) and one NextN/MTP layer (layer 5),
   64 routed experts, top-8, 4 groups keep 2 (`n_group`/`topk_group`), sigmoid router with
@@ -20,8 +20,8 @@ import hashlib
 import json
 import os
 
-from rollout import tiny_model
-from rollout.tiny_model import EOS, SPECIALS, VOCAB, build_atomic, build_tokenizer, write_checkpoint
+from rollout.models import tiny
+from rollout.models.tiny import EOS, SPECIALS, VOCAB, build_atomic, build_tokenizer, write_checkpoint
 
 BUILDER_VERSION = 1
 STAMP = "tiny_glm_build.json"
@@ -41,12 +41,12 @@ HEAD_STD = 2.0          # lm_head weights (times hidden ** -0.5): peaked enough 
 
 
 def default_path() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     return os.path.join(root, ".cache", "tiny-glm45-near-tie")
 
 
 def model_config(eos_id: int) -> dict:
-    return tiny_model.model_config(
+    return tiny.model_config(
         eos_id, hidden_size=HIDDEN, moe_intermediate_size=MOE_INTER, num_hidden_layers=NUM_LAYERS, head_dim=32,
         n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_group=N_GROUP, topk_group=TOPK_GROUP,
         routed_scaling_factor=2.5)

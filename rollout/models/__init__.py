@@ -1,9 +1,10 @@
-"""The local checkpoint builders a config's `model.build` names (no hub: every model is written here)."""
+"""The local checkpoints, written here (no hub): `tiny` (large router margins, the demo) and `near_tie` (routers
+near ties, `r3 check`); `build` picks the one a config's `model.build` names."""
 import importlib
 
 BUILDERS = {  # model.build -> (module, function(path, seed=) -> path)
-    "tiny-glm45": ("rollout.tiny_model", "build_tiny_glm"),
-    "near-tie-glm45": ("rollout.near_tie_model", "build_near_tie_glm"),
+    "tiny-glm45": ("rollout.models.tiny", "build_tiny_glm"),
+    "near-tie-glm45": ("rollout.models.near_tie", "build_near_tie_glm"),
 }
 
 

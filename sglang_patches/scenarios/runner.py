@@ -1,9 +1,9 @@
-"""Scenario scripts (`dp_scenarios.py`): the in-process harness, and running them in fresh processes.
+"""Scenario lists: the in-process harness, and running a list in fresh processes.
 
-A scenario script calls `main(SCENARIOS, state)` when run as `python <script> STATE` (plugin / none /
-source); it prints one JSON object {scenario: {"ok": bool, "detail": str}}. `run_states` runs one
-process per state, in any environment's interpreter (the version matrix passes
-`.venvs/sglang-<variant>/bin/python`).
+A scenario module (`sglang_patches.scenarios.dp`) calls `main(SCENARIOS, state)` when run as
+`python -m <module> STATE` (plugin / none / source / both); it prints one JSON object
+{scenario: {"ok": bool, "detail": str}}. `run_states` runs one process per state, in any environment's
+interpreter (the version matrix and `patches review` pass `.venvs/sglang-<variant>/bin/python`).
 """
 import json
 import os
@@ -12,9 +12,19 @@ import sys
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (version environments live in ROOT/.venvs)
 MARK = "DP_SCENARIOS_JSON "
+
+
+def registry():
+    """(SCENARIOS, decorator): `@scenario` adds a function to SCENARIOS under its name."""
+    scenarios = {}
+
+    def scenario(fn):
+        scenarios[fn.__name__] = fn
+        return fn
+
+    return scenarios, scenario
 
 
 def run_all(scenarios: dict) -> dict:
@@ -56,7 +66,7 @@ def env_python(variant: str) -> Path:
     return ROOT / ".venvs" / f"sglang-{variant}" / "bin" / "python"
 
 
-def run_states(states, *, script="dp_scenarios.py", python=None, extra_env=None, timeout=300) -> dict:
+def run_states(states, *, module="sglang_patches.scenarios.dp", python=None, extra_env=None, timeout=300) -> dict:
     """{state: results}; states run concurrently, each in its own interpreter ("both": one interpreter
     answers "none" and "plugin")."""
     procs = {}
@@ -65,9 +75,10 @@ def run_states(states, *, script="dp_scenarios.py", python=None, extra_env=None,
         env.pop("SGLANG_PLUGINS", None)
         env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
         env.update((extra_env or {}).get(state, {}))
+        # this package's root after the caller's path: the scenario module is this checkout's, whatever is installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
         procs[state] = subprocess.Popen(
-            [str(python or sys.executable), str(HERE / script), state],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [str(python or sys.executable), "-m", module, state], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
     out = {}
     for state, p in procs.items():

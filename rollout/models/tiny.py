@@ -57,7 +57,7 @@ TRAIN_TEXT = [
 
 
 def default_path(variant: str = "random") -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
     name = "tiny-glm45" if variant == "random" else "tiny-glm45-match"
     return os.path.join(root, ".cache", name)
 

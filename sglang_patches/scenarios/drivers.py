@@ -1,4 +1,4 @@
-"""Per-release drivers for `dp_scenarios.py`: only the API that differs between SGLang releases.
+"""Per-release drivers for the scenario list (`dp.py`): only the API that differs between SGLang releases.
 
 A driver sets up the simulated distributed context (which DP slot this process is, attn-TP width,
 the schedule numbers) the way that release publishes it, and names the few fields a release's
@@ -43,7 +43,6 @@ class Api0515:
     padded_list = "global_num_tokens_cpu"  # where prepare_mlp_sync_batch leaves the padded per-rank list
     batch_extra = staticmethod(lambda bs: {"lora_ids": [None] * bs})
     health_patches = staticmethod(lambda: ())  # module attributes /health_generate reads besides the manager
-    layer_modes = False  # LayerScatterModes / LogitsProcessor need the process groups here: not simulated
 
     @staticmethod
     def server_args(**kw):
@@ -57,6 +56,28 @@ class Api0515:
     @staticmethod
     def a2a(deepep):
         return SimpleNamespace(is_deepep=lambda: deepep, is_none=lambda: not deepep)
+
+    def layer_context(self, stack, sa, *, a2a, dp_size, attn_tp):
+        """What LayerScatterModes / LogitsProcessor read here: `sa` published over ServerArgs' defaults, the
+        parallel widths and flags (no process groups), the a2a backend as the communicator sees it."""
+        import dataclasses
+
+        import sglang.srt.distributed.device_communicators.triton_symm_mem_ag as symm
+        import sglang.srt.layers.communicator as comm
+        from sglang.srt import runtime_context as rc
+        from sglang.srt.layers.moe.utils import MoeA2ABackend
+        from sglang.srt.server_args import ServerArgs
+
+        defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
+        published = SimpleNamespace(**{**defaults, **vars(sa)})
+        stack.enter_context(mock.patch.object(rc.get_context(), "_server_args", published))
+        stack.enter_context(rc.get_parallel().override(attn_dp_rank=0, attn_dp_size=dp_size, attn_tp_size=attn_tp,
+                                                       tp_size=attn_tp * dp_size, attn_cp_size=1, attn_cp_rank=0))
+        stack.enter_context(rc.get_flags().override(
+            enable_dp_attention=True, enable_dp_lm_head=sa.enable_dp_lm_head, moe_dense_tp_size=sa.moe_dense_tp_size,
+            moe_a2a_backend=MoeA2ABackend(a2a or "none")))
+        stack.enter_context(mock.patch.object(comm, "get_moe_a2a_backend", lambda: self.a2a(a2a == "deepep")))
+        stack.enter_context(mock.patch.object(symm, "MultimemAllGatherer", lambda **kw: None))  # needs the TP group
 
     def dp_context(self, stack, *, dp_rank=0, dp_size=1, attn_tp=1, a2a=None, **server_args):
         import sglang.srt.layers.dp_attention as dpa
@@ -147,7 +168,9 @@ class Api0516(Api0515):
 
     release = "0.5.16"
     batch_extra = staticmethod(lambda bs: {})
-    layer_modes = True
+
+    def layer_context(self, stack, sa, **kw):
+        """dp_context published the ServerArgs, widths and flags LayerScatterModes reads."""
 
     @staticmethod
     def graph_config(prefill_bs=None):
@@ -278,6 +301,8 @@ class Api0521(Api0515):
         stack.enter_context(mock.patch.object(re_mod, "is_dp_attention_enabled", lambda: True))
         stack.enter_context(mock.patch.object(re_mod, "_is_scattered_a2a_backend", lambda: a2a == "deepep"))
         return None
+
+    layer_context = None  # LayerScatterModes reads derived widths published with the process groups: not simulated
 
     def model_runner(self, stack, mr, runner, cap, decode_bs):
         runner.decode_cuda_graph_runner = SimpleNamespace(bs=decode_bs) if decode_bs else SimpleNamespace()

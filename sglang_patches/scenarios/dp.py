@@ -1,11 +1,11 @@
 """The DP-attention scenarios: real SGLang code on the paths the fix set changes, on every release.
 
 Run as a script in a fresh process (hooks are process-global), in one of three states:
-    python tests/dp_scenarios.py plugin    # SGLang's own load_plugins() loads our entry point
-    python tests/dp_scenarios.py none      # SGLANG_PLUGINS=none: stock SGLang
-    python tests/dp_scenarios.py source    # no plugin; SGLang imported from PYTHONPATH (patched tree)
+    python -m sglang_patches.scenarios.dp plugin  # SGLang's own load_plugins() loads our entry point
+    python -m sglang_patches.scenarios.dp none    # SGLANG_PLUGINS=none: stock SGLang
+    python -m sglang_patches.scenarios.dp source  # no plugin; SGLang imported from PYTHONPATH (patched tree)
 It prints one JSON object {scenario: {"ok": bool, "detail": str}}: "ok" means SGLang behaved correctly.
-Only the distributed context is simulated, by the release's driver (`dp_scenarios_drivers.pick()`).
+Only the distributed context is simulated, by the release's driver (`drivers.pick()`).
 
 Each scenario belongs to a fix and is a `defect` (shows the defect where it exists), a `guard` (right
 with and without the plugin) or a `reach` (why a not-needed defect cannot be reached). What a scenario
@@ -18,9 +18,9 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 from unittest import mock
 
-from dp_scenarios_drivers import pick
-from guard_scenarios import health_generate_codes, verify_logits_rows
-from scenario_runner import main
+from sglang_patches.scenarios.drivers import pick
+from sglang_patches.scenarios.guards import health_generate_codes, verify_logits_rows
+from sglang_patches.scenarios.runner import main
 
 SCENARIOS = {}  # name -> function
 KIND = {}  # name -> (fix name, "defect" | "guard" | "reach")
@@ -356,8 +356,10 @@ def dp_buffer_one_entry_list():
     # A one-entry per-rank list read on DP rank 3: without dp_slot_in SGLang indexes it by rank.
     try:
         rows = _local_slice([16], 3, None)
-    except IndexError as e:
-        return {"ok": False, "detail": f"IndexError: {e}"}
+    except IndexError as e:  # the defect: SGLang's DP-local slice indexes the one-entry list by DP rank
+        at = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{at.filename.rsplit('/', 1)[-1].removesuffix('.py')}.{at.name}: {at.line.strip()}"
+        return {"ok": False, "detail": f"IndexError at {where}: {e}"}
     return {"ok": rows == list(range(16)), "detail": f"rows {rows[:2]}.. of {len(rows)}"}
 
 
@@ -365,17 +367,23 @@ def _gather_lists(stack, a2a):
     sa = API.dp_context(stack, dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"], a2a=a2a,
                         moe_dense_tp_size=GLM["moe_dense_tp_size"], enable_dp_lm_head=GLM["enable_dp_lm_head"],
                         moe_a2a_backend=a2a or "none")
-    return API.gather_flags(stack, sa)
+    return sa, API.gather_flags(stack, sa)
 
 
 @scenario("dp-buffer-sizing", "reach")
 def dp_buffer_glm_a2a_none_full_lists():
-    # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank.
+    # moe_a2a_backend none: the MLP TP gather is on, so every per-rank list has one entry per DP rank, and the
+    # MoE layers run FULL (what the deepep scenario's layer-mode check must tell apart).
     with ExitStack() as stack:
-        mlp, attn = _gather_lists(stack, None)
+        sa, (mlp, attn) = _gather_lists(stack, None)
+        modes = {"FULL"}
+        if API.layer_context is not None:
+            API.layer_context(stack, sa, a2a=None, dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"])
+            modes = _layer_modes(stack)[0]
     rows = _local_slice([16, 16, 16, 16], 3, None)
-    return {"ok": mlp and rows == list(range(48, 64)),
-            "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; rank 3 rows {rows[:2]}.."}
+    return {"ok": mlp and "FULL" in modes and rows == list(range(48, 64)),
+            "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; layer modes {sorted(modes)}; "
+                      f"rank 3 rows {rows[:2]}.."}
 
 
 @scenario("dp-buffer-sizing", "reach")
@@ -383,9 +391,12 @@ def dp_buffer_glm_deepep_no_reader():
     # deepep: only the attn-TP gather (one-entry lists), but no reader of a per-rank list runs: every
     # layer stays SCATTERED/TP_ATTN_FULL, dp-lm-head turns the logits DP gather off, and the capturer
     # takes its deepep slice.
+    if API.layer_context is None:
+        return {"ok": False, "detail": f"layer modes are not simulated by the {API.release} driver"}
     with ExitStack() as stack:
-        mlp, attn = _gather_lists(stack, "deepep")
-        modes, logits_gather = _layer_modes(stack) if API.layer_modes else ({"(not simulated here)"}, None)
+        sa, (mlp, attn) = _gather_lists(stack, "deepep")
+        API.layer_context(stack, sa, a2a="deepep", dp_size=GLM["dp"], attn_tp=GLM["tp"] // GLM["dp"])
+        modes, logits_gather = _layer_modes(stack)
     rows = _local_slice([16], 3, "deepep")
     ok = not mlp and attn and "FULL" not in modes and not logits_gather and rows == list(range(16))
     return {"ok": ok, "detail": f"require_mlp_tp_gather={mlp} require_attn_tp_gather={attn}; layer modes "
@@ -563,6 +574,57 @@ def accepted_path_rows_topk1():
     return _accepted_rows([0, 1, 2])  # top-k 1 (every supported config): the chain's prefix, already in front
 
 
+# ---------------------------------------------------------------- padding rows captured (sglang#36404)
+
+PAD_ROUTE = [7, 9]  # what the router makes of a padding token
+
+
+def _padding_rows(graph: bool) -> dict:
+    """DP rank 1 of 2, 3 real tokens padded to 8 by MLP sync: SGLang's capture site stores the padding rows'
+    routes, its host copy sends them to KV slot 0 (out_cache_loc is zero-padded), which the allocator never
+    hands out, so `get_topk` over a request's slots reads only real rows. Eager, or replaying a decode graph
+    of batch 8."""
+    import inspect
+
+    import torch
+    from sglang.srt.layers.moe import topk
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    padded_with_zeros = "self.out_cache_loc = self._pad_tensor_to_size(self.out_cache_loc, num_tokens)" \
+        in inspect.getsource(ForwardBatch)
+    slots = ForwardBatch._pad_tensor_to_size(None, torch.tensor([100, 101, 102]), 8)
+    fb = SimpleNamespace(global_num_tokens_cpu=[8, 8], out_cache_loc=slots, out_cache_loc_virtual=None)
+    real = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32)
+    gathered = torch.cat([torch.tensor([[10, 11]], dtype=torch.int32).expand(8, 2), real,
+                          torch.tensor(PAD_ROUTE, dtype=torch.int32).expand(5, 2)])  # rank 0's 8 rows, then ours
+    cap = _capturer(rows=16)
+    with ExitStack() as stack:
+        API.dp_context(stack, dp_rank=1, dp_size=2)
+        stack.enter_context(mock.patch.object(topk, "get_global_experts_capturer", lambda: cap))
+        topk._post_process_topk_ids(gathered.clone(), torch.ones(16, 2), topk.TopKConfig(top_k=2), router_logits=None,
+                                    layer_id=0, num_token_non_padded=torch.tensor(11))
+        cap.on_forward_end(fb, can_run_graph=graph, cuda_graph_batch=8 if graph else None)
+    captured = cap.device_cache.buffer[11:16, 0].tolist() == [PAD_ROUTE] * 5
+    slot0 = cap.host_cache.buffer[0, 0].tolist()
+    payload = cap.get_topk(0, 4, SimpleNamespace(req_to_token=torch.tensor([[100, 101, 102, 103]]))).reshape(3, 2)
+    alloc = TokenToKVPoolAllocator(size=16, dtype=torch.int64, device="cpu", kvcache=None, need_sort=False)
+    slot0_free = 0 not in alloc.alloc(16).tolist() and alloc.alloc(1) is None
+    ok = padded_with_zeros and captured and slot0 == PAD_ROUTE and payload.tolist() == real.tolist() and slot0_free
+    return {"ok": ok, "detail": f"out_cache_loc zero-padded {padded_with_zeros}; padding routes captured {captured}; "
+                                f"slot 0 holds {slot0}; payload {payload.tolist()}; slot 0 never allocated {slot0_free}"}
+
+
+@scenario("padding-rows-capture", "reach")
+def padding_rows_eager():
+    return _padding_rows(graph=False)
+
+
+@scenario("padding-rows-capture", "reach")
+def padding_rows_decode_graph():
+    return _padding_rows(graph=True)
+
+
 # ---------------------------------------------------------------- what each variant must show
 
 NONE_MUL = "unsupported operand type(s) for *: 'int' and 'NoneType'"
@@ -582,7 +644,8 @@ EXPECT_STOCK = {
     "verify_padding_k6_attn_tp4": "20 padded rows, batch_size 3 x k 6 = 18",
     "verify_padding_ranks_agree_verify": "busy rank 4 rows, batch_size 1 x 3",
     "capture_snapshot_overlap": SNAPSHOT_STOCK,
-    "dp_buffer_one_entry_list": "IndexError: list index out of range",
+    "dp_buffer_one_entry_list": "IndexError at dp_attention.get_dp_local_slice_cpu: local_num_tokens = "
+                                "global_num_tokens[dp_rank]: list index out of range",
     "draft_token_count": "num_token_non_padded 0 of 4 tokens; 4 of 4 draft tokens' top-k ids masked to -1",
     "accepted_path_rows_topk2": "accepted tree nodes [0, 2]: KV moved from slots [20, 22]; routed rows [100, 101], "
                                 "want [100, 102]",

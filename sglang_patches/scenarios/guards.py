@@ -1,5 +1,5 @@
 """Two of sglang#26016's changes that SGLang handles itself, as probes of real SGLang code, shared by
-tests/test_upstream_guards.py (0.5.23) and dp_scenarios.py (every release)."""
+tests/test_upstream_guards.py (0.5.23) and the scenario list `dp.py` (every release)."""
 import asyncio
 import contextlib
 import time

@@ -1,7 +1,7 @@
-"""Synthetic SGLang-shaped routing, for tests and benchmarks (not real engine output)."""
+"""Synthetic SGLang-shaped routing for the benchmarks and the tests (not real engine output)."""
 import numpy as np
 
-from .layout import MoELayout
+from rollout.routed_experts.layout import MoELayout
 
 
 def synthetic_full(rows: int, layout: MoELayout, seed: int = 0) -> np.ndarray:
