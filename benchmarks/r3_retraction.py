@@ -36,7 +36,7 @@ async def _update_when(mgr, sink, after_groups: int, model: str) -> str:
 
     while len(sink.groups) < after_groups:
         await asyncio.sleep(0.05)
-    for eng in list(mgr.engines.values()):
+    for eng in list(mgr.source.engines.values()):
         h = auth_headers(eng.api_key)
         async with aiohttp.ClientSession() as s:
             for method, path, body in (("post", "/pause_generation", {"mode": "retract"}),

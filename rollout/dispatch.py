@@ -12,8 +12,9 @@ routed experts go through `routed_experts.sample_routed_experts` (decode, valida
 an engine admitted with `compact` is asked for them in the plugin's compact format (either is decoded).
 Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
-per-call `sampling` override of `run`. Every HTTP call goes through the engine client (`engines.client`);
-which free engine gets a sample is decided in one place, `place`.
+per-call `sampling` override of `run`. Every HTTP call goes through the engine client (`engines.client`).
+Which engine gets a sample is decided in one place, `place`: with a `Placement` (rollout/placement.py) each sample goes to the
+(engine, DP rank) it places it on, waiting for that engine's free slot, instead of the least-outstanding engine.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import time
 from typing import Optional
 
 from rollout.engines.client import EngineClient
+from rollout.engines.readiness import dp_ranks as dp_ranks_of
 from rollout.errors import (DispatcherClosed, EngineError, EngineLost, EngineRejected, EngineUnreachable, one_line,
                             short_error)
+from rollout.placement import Placement
 from rollout.routed_experts import MoELayout, continuation_start, engine_offers, opt_in, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus
 
@@ -46,7 +49,7 @@ class Dispatcher:
     def __init__(self, client: EngineClient, sampling: dict, capacity: int,
                  layout: Optional[MoELayout] = None, seeds: Optional[list] = None, keep_answers: bool = False,
                  max_attempts: int = 8, request_timeout_s: float = 3600.0, on_error=None,
-                 backoff_s: float = 0.2, backoff_max_s: float = 5.0):
+                 backoff_s: float = 0.2, backoff_max_s: float = 5.0, placement: Optional[Placement] = None):
         self.client = client
         self.sampling = dict(sampling)
         self.capacity = capacity
@@ -59,7 +62,9 @@ class Dispatcher:
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.slots: dict[str, _Slot] = {}
         self._cond = asyncio.Condition()
-        self._waiters: collections.deque = collections.deque()  # futures of samples waiting for a slot, FIFO
+        # futures of samples waiting for a slot, FIFO: per placed engine, or under None for any engine
+        self._waiters: dict[Optional[str], collections.deque] = {}
+        self.placement = placement             # group placement, or None: least-outstanding engine per sample
         self._timer = None             # one wake-up when a suspect slot's pause ends
         self._rid = itertools.count()
         self.resent = 0
@@ -73,34 +78,46 @@ class Dispatcher:
         return self.layout is not None
 
     # ------------------------------------------------------------------ engines
-    async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False) -> None:
-        """`compact`: the engine advertised compact routed experts for this model (asked for per request)."""
+    async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False,
+                    dp_ranks: Optional[int] = None) -> None:
+        """`compact`: the engine advertised compact routed experts for this model (asked for per request);
+        `dp_ranks`: its attention-DP ranks as readiness probed them (placement pins ranks when > 1)."""
+        if self.placement is not None:
+            self.placement.admit(engine.name, dp_ranks)
         async with self._cond:
             slot = self.slots[engine.name] = _Slot(engine, self.capacity)
             slot.version = None if weight_version is None else str(weight_version)
             slot.compact = bool(compact) and self.routed_experts
         self._wake_all()
 
-    async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True) -> None:
+    async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True,
+                     dp_ranks: Optional[int] = None) -> None:
         """Admit after asking the engine what dispatch needs: its weight version (when `ask_version`; None when
-        it does not say) and, with routed experts on, whether it advertises them compact (`/server_info`;
-        if not, it is asked for SGLang's int32 format and `routed_formats` says why)."""
+        it does not say), with routed experts on whether it advertises them compact (if not, it is asked for
+        SGLang's int32 format and `routed_formats` says why) and, with a placement and no `dp_ranks` given,
+        its attention-DP ranks (all from `/server_info`)."""
         if ask_version:
             try:
                 weight_version = await self.client.weight_version(engine)
             except (EngineError, AttributeError):
                 weight_version = None
-        await self.admit(engine, weight_version, await self._offers_compact(engine))
+        info = await self._server_info(engine) if self.layout is not None or (
+            self.placement is not None and dp_ranks is None) else {}
+        if self.placement is not None and dp_ranks is None:
+            dp_ranks = dp_ranks_of(info) if info.get("error") is None and info else None
+        await self.admit(engine, weight_version, self._offers_compact(engine, info), dp_ranks)
 
-    async def _offers_compact(self, engine) -> bool:
+    async def _server_info(self, engine) -> dict:
+        try:
+            return await self.client.server_info(engine)
+        except EngineRejected:
+            return {}
+        except EngineUnreachable as e:
+            return {"internal_states": None, "error": one_line(e)}
+
+    def _offers_compact(self, engine, info: dict) -> bool:
         if self.layout is None:
             return False
-        try:
-            info = await self.client.server_info(engine)
-        except EngineRejected:
-            info = {}
-        except EngineUnreachable as e:
-            info = {"internal_states": None, "error": one_line(e)}
         ok, why = engine_offers(info, self.layout)
         self.routed_formats[engine.name] = "routed experts: compact" if ok else f"routed experts: int32 ({why})"
         return ok
@@ -112,6 +129,9 @@ class Dispatcher:
             if slot is None or slot.engine is not engine:
                 return 0
             del self.slots[engine.name]
+        if self.placement is not None:
+            self.placement.remove(engine.name)
+            self._wake_all()             # samples waiting for it are placed again
         n = 0
         for rid, task in list(slot.inflight.items()):
             if not task.done():
@@ -135,20 +155,25 @@ class Dispatcher:
     def outstanding(self) -> dict:
         return {n: s.outstanding for n, s in self.slots.items()}
 
-    def place(self, sample: Sample, free: list) -> _Slot:
-        """Which engine gets `sample`, among the slots free now (never empty): the least outstanding, then
-        the least served. The one placement decision; the rest of dispatch only books slots."""
-        return min(free, key=lambda s: (s.outstanding, s.served))
+    def place(self, sample: Sample) -> Optional[str]:
+        """Which engine `sample` must go to (its group's placement), or None: any free engine, the least
+        outstanding, then the least served. The one placement decision; the rest of dispatch only books slots."""
+        if self.placement is None:
+            return None
+        key = self.placement.place(sample, self._cost(sample), self._suspects())
+        return key and key[0]
 
-    def _take(self, sample: Sample) -> Optional[_Slot]:
-        """A free slot placed for `sample`, taken (no await: atomic on the event loop), or None."""
+    def _take(self, name: Optional[str] = None) -> Optional[_Slot]:
+        """The least-outstanding free slot (of engine `name` when given), taken (no await: atomic on the
+        event loop), or None."""
         if self.closed_reason:
             raise DispatcherClosed(self.closed_reason)
         now = time.monotonic()
-        open_ = [s for s in self.slots.values() if s.outstanding < s.capacity]
+        open_ = [s for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots
+                             else []) if s.outstanding < s.capacity]
         free = [s for s in open_ if s.suspect_until <= now]
         if free:
-            slot = self.place(sample, free)
+            slot = min(free, key=lambda s: (s.outstanding, s.served))
             slot.outstanding += 1
             return slot
         if open_ and self._timer is None:  # only suspects are free: wake the waiters when the first pause ends
@@ -157,44 +182,61 @@ class Dispatcher:
         return None
 
     async def _acquire(self, sample: Sample) -> _Slot:
-        """A slot for `sample`; waits FIFO while none is free (woken one at a time by _release, all at once by
-        admit/close or when a suspect slot's pause ends: no polling, no thundering herd)."""
+        """A slot (of the engine `sample` is placed on, with a placement); waits FIFO while none is free
+        (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
+        pause ends: no polling, no thundering herd)."""
         while True:
-            slot = self._take(sample)
+            name = self.place(sample)
+            slot = self._take(name)
             if slot is not None:
                 return slot
             fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
+            self._waiters.setdefault(name, collections.deque()).append(fut)
             try:
                 await fut
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():
-                    self._wake_one()  # we were handed a wake-up we will not use: pass it on
+                    self._wake_one(name)  # we were handed a wake-up we will not use: pass it on
                 raise
 
-    def _wake_one(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+    def _suspects(self) -> set:
+        now = time.monotonic()
+        return {n for n, s in self.slots.items() if s.suspect_until > now}
+
+    def _wake_one(self, name: Optional[str] = None) -> None:
+        """Wake the first waiter for engine `name`, else the first waiting for any engine."""
+        for key in (name, None) if name else (None,):
+            queue, woken = self._waiters.get(key), False
+            while queue and not woken:
+                fut = queue.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    woken = True
+            if queue is not None and not queue:
+                del self._waiters[key]
+            if woken:
                 return
 
     def _wake_all(self) -> None:
         self._timer = None
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+        waiters, self._waiters = self._waiters, {}
+        for queue in waiters.values():
+            for fut in queue:
+                if not fut.done():
+                    fut.set_result(None)
 
     def _release(self, slot: _Slot, served: bool = True) -> None:
         slot.outstanding -= 1
         slot.served += int(served)
-        self._wake_one()
+        self._wake_one(slot.engine.name if self.placement else None)
 
     # ------------------------------------------------------------------ requests
     def budget_left(self, sample: Sample) -> int:
         """Tokens the sample may still generate: its budget (`max_new_tokens`) minus its response."""
         return int(sample.max_new_tokens or self.sampling.get("max_new_tokens", 16)) - len(sample.response_ids)
+
+    def _cost(self, sample: Sample) -> int:
+        return len(sample.prompt_ids) + len(sample.response_ids) + max(0, self.budget_left(sample))
 
     def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None, compact: bool = False) -> dict:
         """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`;
@@ -240,14 +282,17 @@ class Dispatcher:
                 break
             if self.draining:
                 self._release(slot, served=False)
+                self._unplace(sample, None)
                 break
             sample.attempts += 1
             rid = f"{sample.sample_id}#{next(self._rid)}"
             slot.inflight[rid] = task
             sample.sent_version = slot.version
+            out = None
             try:
-                out = await self.client.generate(slot.engine, self.payload(sample, rid, sampling, slot.compact),
-                                                 timeout_s=self.request_timeout_s)
+                body = self.payload(sample, rid, sampling, slot.compact)
+                if self.placement is None or await self._placed(sample, slot, body):
+                    out = await self.client.generate(slot.engine, body, timeout_s=self.request_timeout_s)
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -259,6 +304,10 @@ class Dispatcher:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
                 self._release(slot)
+                self._unplace(sample, out)
+            if out is None:                  # the batch filled while it waited for its primer: not sent
+                sample.attempts -= 1
+                break
             sample.engines.append(slot.engine.name)
             if isinstance(out, (EngineLost, EngineUnreachable)):   # re-send elsewhere
                 sample.error = short_error(out.cause if isinstance(out, EngineUnreachable) else out)
@@ -284,6 +333,32 @@ class Dispatcher:
             break
         sample.t_done = time.monotonic()
         return sample
+
+    async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> bool:
+        """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there.
+        False: the batch filled meanwhile (send nothing)."""
+        held = self.placement.current.get(sample.sample_id)
+        if held is None:
+            return not self.draining
+        key = held[0]
+        rank = self.placement.rank_param(key)
+        if rank is not None:
+            body["routed_dp_rank"] = rank
+
+        async def prime():
+            primer = {"input_ids": list(sample.prompt_ids), "sampling_params": {"max_new_tokens": 0},
+                      "rid": f"{sample.group_id}@{key[1]}#{next(self._rid)}"}
+            if rank is not None:
+                primer["routed_dp_rank"] = rank
+            out = await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s)
+            return out.get("meta_info", {})
+        await self.placement.primed_once(sample, key, prime)
+        return not self.draining
+
+    def _unplace(self, sample: Sample, out) -> None:
+        if self.placement is not None:
+            meta = out.get("meta_info", {}) if isinstance(out, dict) else {}
+            self.placement.done(sample, int(meta.get("prompt_tokens", 0)) + int(meta.get("completion_tokens", 0)))
 
     def _apply(self, sample: Sample, out: dict) -> None:
         meta = out.get("meta_info", {})

@@ -33,6 +33,7 @@ from rollout.engines.client import EngineClient
 from rollout.engines.fleet import ManagedFleet
 from rollout.engines.source import EngineSource
 from rollout.errors import EnginesLost, WeightVersionError
+from rollout.placement import Placement
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, Event, Group, Sample, SampleStatus, group_id
 
@@ -64,6 +65,8 @@ class RolloutOptions:
     keep_answers: bool = False
     partial_rollout: bool = True
     run_id: Optional[str] = None
+    group_placement: str = "group"       # "group": each group on one (engine, DP rank), rollout/placement.py;
+                                         # "sample": each sample to the least-outstanding engine
 
     @classmethod
     def from_config(cls, cfg, run_id: Optional[str] = None) -> "RolloutOptions":
@@ -72,7 +75,7 @@ class RolloutOptions:
                     "top_k": r.sampling.top_k, "max_new_tokens": r.sampling.max_new_tokens}
         layout = MoELayout.from_model(cfg.model) if any(g.routed_experts for g in cfg.engine_groups) else None
         return cls(sampling, r.n_samples_per_prompt, r.concurrency_per_engine, layout=layout,
-                   partial_rollout=r.partial_rollout, run_id=run_id)
+                   partial_rollout=r.partial_rollout, run_id=run_id, group_placement=r.group_placement)
 
 
 @dataclass
@@ -94,7 +97,9 @@ class RolloutManager:
         self.client = client or EngineClient()
         self.dispatcher = Dispatcher(self.client, options.sampling, options.concurrency, layout=options.layout,
                                      seeds=options.seeds, keep_answers=options.keep_answers,
-                                     on_error=source.on_error)
+                                     on_error=source.on_error,
+                                     placement=Placement(options.n_samples, options.concurrency)
+                                     if options.group_placement == "group" else None)
         self.run_id = options.run_id or uuid.uuid4().hex[:10]
         self._gid = itertools.count()
         self.carry: list[Group] = []
@@ -278,7 +283,8 @@ def group_record(group: Group) -> dict:
             "routed_experts": None if re is None else {
                 "shape": list(re.shape), "dtype": str(re.dtype),
                 "sha256": hashlib.sha256(re.tobytes()).hexdigest()[:16]},
-            "engine": s.engine, "engines": s.engines, "attempts": s.attempts, "resumes": s.resumes,
+            "engine": s.engine, "dp_rank": s.dp_rank, "engines": s.engines,
+            "attempts": s.attempts, "resumes": s.resumes,
             "weight_versions": sorted(set(s.weight_versions)),
             "latency_s": round(s.t_done - s.t_submit, 4),
         })

@@ -63,6 +63,7 @@ class Sample:
     error: Optional[str] = None
     reward: Optional[float] = None
     engines: list = field(default_factory=list)   # engine of every attempt, in order
+    dp_rank: Optional[int] = None  # DP rank of the last placed attempt (group placement)
     attempts: int = 0
     resumes: int = 0               # partial-rollout continuations
     max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens

@@ -7,6 +7,9 @@ abort:    one rank, routed experts, --max-running-requests 1; three long request
 dp-attn:  tp 2 / dp 2 --enable-dp-attention; `/server_info`'s DP fields and the answer to a one-token
           probe pinned to each rank with `routed_dp_rank`.
 dp-plain: tp 1 / dp 2 (two replicas, no DP attention); the same.
+prefix-cache: preset c (the DP-attention miniature: dp 2, NEXTN) and preset a (one rank, no speculative
+          decoding): `prompt_tokens`, `cached_tokens` and `dp_rank` of a 256-token prompt sent again to
+          its rank, to the other rank, with 16 more tokens, and after a zero-token primer.
 Nothing here is asserted: the file records; tests read the facts.
 """
 import json
@@ -118,13 +121,43 @@ def record_dp(kind: str) -> dict:
         stop_engine(eng)
 
 
+def record_prefix_cache() -> dict:
+    from support.engines import preset
+
+    from rollout.models.tiny import build_tiny_glm
+
+    def ask(eng, ids, rank, n=4):
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
+        if rank is not None:
+            body["routed_dp_rank"] = rank
+        meta = requests.post(eng.url + "/generate", headers=_headers(eng), json=body, timeout=600).json()["meta_info"]
+        return {"sent": {"prompt_len": len(ids), "routed_dp_rank": rank, "max_new_tokens": n},
+                **{k: meta.get(k) for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "dp_rank")}}
+
+    out = {}
+    for name, dp in (("c", 2), ("a", 1)):
+        eng = _engine(preset(name, build_tiny_glm()), f"prefix-{name}")
+        try:
+            p = [3 + (7 * i) % 300 for i in range(256)]
+            q = [3 + (11 * i + 5) % 300 for i in range(256)]
+            r1 = 1 if dp > 1 else None
+            out[name] = {"server_info": _server_info(eng), "answers": [
+                ask(eng, p, 0 if dp > 1 else None), ask(eng, p, 0 if dp > 1 else None), ask(eng, p, r1),
+                ask(eng, p + [5] * 16, 0 if dp > 1 else None), ask(eng, q, r1, n=0), ask(eng, q, r1)]}
+        finally:
+            stop_engine(eng)
+    out["what"] = ("prefix cache: a 256-token prompt p to rank 0, again to rank 0, to rank 1, p + 16 tokens to "
+                   "rank 0; a zero-token request of q then q, on rank 1 (preset a: one rank, no rank sent)")
+    return out
+
+
 def main(kinds) -> None:
     import sglang
 
     os.makedirs(FACTS, exist_ok=True)
     for kind in kinds:
         t0 = time.time()
-        rec = record_abort() if kind == "abort" else record_dp(kind)
+        rec = {"abort": record_abort, "prefix-cache": record_prefix_cache}.get(kind, lambda: record_dp(kind))()
         rec["sglang"] = sglang.__version__
         path = os.path.join(FACTS, f"sglang-{sglang.__version__}-{kind}.json")
         with open(path, "w") as fh:

@@ -260,3 +260,11 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
     res, groups, victim = asyncio.run(go())
     assert res.delivered == 8 and len({g.group_id for g in groups}) == 8
     assert victim.leftover_pids() == []
+    # group placement (the config's default): a group's first attempts on one engine; the killed
+    # engine's samples were re-sent elsewhere exactly once, each group's together
+    assert cfg.rollout.group_placement == "group"
+    for g in groups:
+        assert len({s.engines[0] for s in g.samples}) == 1, [s.engines for s in g.samples]
+        moved = [s.engines for s in g.samples if len(s.engines) > 1]
+        assert all(set(e[:-1]) == {victim.name} and e[-1] == "tiny-0" for e in moved), moved
+    assert any(len(s.engines) > 1 for g in groups for s in g.samples)

@@ -234,3 +234,33 @@ def test_resume_of_a_finished_run_starts_nothing(tmp_path, capsys):
     assert main(["run", "--resume", str(out), "--log-dir", str(tmp_path / "logs")]) == 0
     assert "nothing to run: all 2 group(s) of run a have a line" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)   # two runs, two engine starts each, on a loaded 2-core machine
+def test_prompts_file_on_the_demo_config_then_resume(tmp_path):
+    """`run --prompts` with the shipped prompt file: each group's line carries its row's label and
+    metadata; a run cut to its first lines continues with `--resume` to every row exactly once."""
+    d = _tiny()
+    d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
+    d["rollout"]["base_port"] = _free_base_port()
+    d["rollout"]["budgets"] = {k: 600 for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s")}
+    cfg, out = _write(tmp_path, d, "demo.yaml"), tmp_path / "r.jsonl"
+    data = os.path.join(ROOT, "training_configs", "demo-prompts.jsonl")
+    rows = [json.loads(ln) for ln in open(data)]
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    p = subprocess.run([cli, "run", "--config", cfg, "--prompts", data, "--label-key", "label", "--num-groups", "6",
+                        "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:2]) + "\n")          # as if the run had been killed after two groups
+    p2 = subprocess.run([cli, "run", "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    got = [json.loads(ln) for ln in out.read_text().splitlines()]
+    run_id = json.loads((tmp_path / "r.jsonl.run.json").read_text())["run_id"]
+    assert sorted(g["group_id"] for g in got) == sorted(f"{run_id}-g{i}" for i in range(6))
+    for g in got:
+        i = int(g["group_id"].rsplit("-g", 1)[1])
+        assert (g["label"], g["metadata"]) == (rows[i]["label"], rows[i]["metadata"])
+        assert all(s["status"] in ("completed", "truncated") for s in g["samples"])
+    assert "6 / 6 (4 in this run)" in p2.stderr

@@ -57,6 +57,8 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     restart_checkpoint: str|null  `serve`: weights a restarted engine loads before it may serve again
                                   (else it stays paused until its weight_version equals its peers')
     partial_rollout: bool         return aborted stragglers with tokens so far
+    group_placement: "group"|"sample"  group: each group on one (engine, DP rank), prompt prefilled once;
+                                  sample: each sample to the least-busy engine, the engine picks the rank
     budgets:                      seconds per readiness phase
       process_s, http_s, server_up_s, health_generate_s, dp_probe_s: float
     health: {interval_s: float, timeout_s: float, failures: int}
@@ -268,6 +270,7 @@ class RolloutConfig(_Model):
     engine_auth: Literal["key", "none"] = "key"
     restart_checkpoint: Optional[str] = None
     partial_rollout: bool = True
+    group_placement: Literal["group", "sample"] = "group"
     budgets: ReadinessBudgets = Field(default_factory=ReadinessBudgets)
     health: HealthConfig = Field(default_factory=HealthConfig)
 

@@ -2,8 +2,10 @@
 
 Starts the config's engines, admits them after phased readiness, streams N prompt groups to a
 trainer-side consumer that appends one fsync'd JSONL line per finished group, shows progress, prints
-a summary. An existing non-empty --output is refused unless --overwrite; `--resume OUTPUT` continues a
-killed run (same run id, prompts and group ids; only the groups without a line run).
+a summary. The prompts are a dataset (`--prompts FILE`, JSONL or Parquet, read as slime reads its prompt
+data: see rollout/prompts.py), each group's line carrying the row's label and metadata, or synthetic token
+ids when no file is given. An existing non-empty --output is refused unless --overwrite; `--resume OUTPUT`
+continues a killed run (same run id, prompts and group ids; only the groups without a line run).
 Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
 every engine lost, a group missing, or more than --max-failed-fraction of samples failed -> exit 1.
 """
@@ -13,13 +15,13 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import signal
 import sys
 import time
 import uuid
 
 from rollout.cli import port, positive_int
+from rollout.prompts import synthetic as prompts_for  # noqa: F401  (r3 and the benchmarks use it)
 
 
 def add_parser(sub) -> None:
@@ -39,6 +41,15 @@ def add_parser(sub) -> None:
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default=None, help="engine logs (default: <output>.logs/)")
     p.add_argument("--seed", type=int, default=None, help="seed of the synthetic prompts (default 0)")
+    p.add_argument("--prompts", metavar="FILE", default=None,
+                   help="prompt dataset (.jsonl, or .parquet with pyarrow); default: synthetic prompts")
+    p.add_argument("--input-key", default="input", help="the prompt's key in each row (slime's --input-key)")
+    p.add_argument("--label-key", default=None, help="the label's key, written with each group")
+    p.add_argument("--metadata-key", default="metadata", help="optional metadata object, written with each group")
+    p.add_argument("--apply-chat-template", action="store_true",
+                   help="prompts through the model tokenizer's chat template (text or a list of messages)")
+    p.add_argument("--apply-chat-template-kwargs", type=_json_object, default={},
+                   help="JSON object passed to apply_chat_template")
     p.add_argument("--base-port", type=port, default=None,
                    help="override rollout.base_port (engine i listens on base_port + 10*i)")
     p.set_defaults(func=main)
@@ -54,10 +65,14 @@ def _fraction(text: str) -> float:
     return x
 
 
-def prompts_for(vocab: int, n: int, seed: int) -> list[list[int]]:
-    """Synthetic prompts: 8-24 random token ids, avoiding the first special ids."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(8, 24))] for _ in range(n)]
+def _json_object(text: str) -> dict:
+    try:
+        x = json.loads(text)
+    except ValueError:
+        x = None
+    if not isinstance(x, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return x
 
 
 def _vocab(cfg, model_path: str) -> int:
@@ -72,8 +87,7 @@ def _vocab(cfg, model_path: str) -> int:
 
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
-    from rollout import group_log
-    from rollout import models
+    from rollout import group_log, models, prompts
     from rollout.config import resolve_model
     from rollout.errors import CliError
     from training_configs.schema import load_config
@@ -88,10 +102,14 @@ def main(args) -> int:
     model_path = resolve_model(cfg, build=models.build)
     if args.base_port is not None:
         cfg.rollout.base_port = args.base_port
+    source = meta.get("prompts") if meta else prompts.describe(
+        args.prompts, prompts.DatasetKeys(args.input_key, args.label_key, args.metadata_key,
+                                          args.apply_chat_template, args.apply_chat_template_kwargs))
+    dataset = prompts.for_run(source, model_path, meta["num_groups"] if meta else args.num_groups)
     if meta is None:
         meta = {"run_id": uuid.uuid4().hex[:10], "config": os.path.abspath(args.config),
-                "seed": args.seed if args.seed is not None else 0,
-                "num_groups": args.num_groups or cfg.rollout.batch_size}
+                "seed": args.seed if args.seed is not None else 0, "prompts": source,
+                "num_groups": args.num_groups or (len(dataset) if dataset else cfg.rollout.batch_size)}
         log, done = group_log.start(args.output, meta, overwrite=args.overwrite), set()
     else:
         log, resumed = group_log.resume(args.output)
@@ -109,7 +127,7 @@ def main(args) -> int:
             print(f"nothing to run: all {meta['num_groups']} group(s) of run {meta['run_id']} have a line in "
                   f"{args.output}", file=sys.stderr)
             return 0
-        return asyncio.run(_run(cfg, model_path, meta, done, log, args))
+        return asyncio.run(_run(cfg, model_path, meta, done, log, args, dataset))
     finally:
         log.close()
 
@@ -122,7 +140,9 @@ def _resumed_run(args) -> dict:
     meta = group_log.read_meta(args.resume)
     for flag, given, recorded in (("--config", args.config and os.path.abspath(args.config), meta["config"]),
                                   ("--num-groups", args.num_groups, meta["num_groups"]),
-                                  ("--seed", args.seed, meta["seed"])):
+                                  ("--seed", args.seed, meta["seed"]),
+                                  ("--prompts", args.prompts and os.path.abspath(args.prompts),
+                                   (meta.get("prompts") or {}).get("path"))):
         if given is not None and given != recorded:
             raise CliError(f"{flag} {given} differs from the run being resumed ({recorded}); drop it")
     args.config, args.num_groups, args.seed, args.output = meta["config"], meta["num_groups"], meta["seed"], args.resume
@@ -139,7 +159,7 @@ def _backend(kind: str, log_dir: str, cfg=None):
     return LocalBackend(log_dir)
 
 
-async def _run(cfg, model_path: str, meta: dict, done: set, log, args) -> int:
+async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=None) -> int:
     """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
     from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.cli.run_report import Tally, verdict
@@ -153,7 +173,8 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args) -> int:
     console = stderr_console()
     progress = progress_bar(console)
     n, run_id = meta["num_groups"], meta["run_id"]
-    prompts = prompts_for(_vocab(cfg, model_path), n, meta["seed"])
+    prompts = [p.ids for p in dataset] if dataset else prompts_for(_vocab(cfg, model_path), n, meta["seed"])
+    extra = {group_id(run_id, i): {"label": p.label, "metadata": p.metadata} for i, p in enumerate(dataset or ())}
     backend = _backend(args.backend, args.log_dir or os.path.abspath(args.output) + ".logs")
     mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=run_id)
     todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
@@ -173,7 +194,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args) -> int:
 
         async def consume():
             async for group in stream:  # the trainer side: one fsync'd line per group, as it finishes
-                await asyncio.to_thread(log.append, group_record(group))
+                await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
                 tally.add(group)
                 progress.advance(bar)
 

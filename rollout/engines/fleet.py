@@ -85,7 +85,7 @@ class ManagedFleet(EngineSource):
         except BaseException:
             await asyncio.to_thread(engine.stop)
             raise
-        await self.pool.enlist(engine, info.weight_version, ask_version=False)
+        await self.pool.enlist(engine, info.weight_version, ask_version=False, dp_ranks=info.dp_size)
         self.monitor.watch(engine)
         self.events.log(spec.name, EngineEvent.ADMITTED, self.pool.routed_formats.get(spec.name, ""))
         return engine

@@ -1,0 +1,263 @@
+"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by outstanding tokens,
+big groups over the fewest ranks, continued samples back to their rank, a lost engine's groups placed
+again together, the prompt primed once; and the dispatcher sending `routed_dp_rank` and the primer."""
+import asyncio
+import collections
+
+import pytest
+from aiohttp import web
+
+from rollout.dispatch import Dispatcher
+from rollout.engines.client import EngineClient
+from rollout.placement import Placement
+from rollout.types import Group, Sample, SampleStatus
+from support.fake_sglang import Loopback
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _group(gid, n, prompt_len=10):
+    return Group.fresh(gid, list(range(prompt_len)), n).samples
+
+
+def _placement(engines=2, dp=2, n=8, capacity=64):
+    p = Placement(n, capacity)
+    for e in range(engines):
+        p.admit(f"e{e}", dp)
+    return p
+
+
+def test_each_group_on_one_rank_and_groups_spread():
+    p = _placement()
+    keys = [{p.place(s, 26) for s in _group(f"g{i}", 8)} for i in range(4)]
+    assert all(len(k) == 1 for k in keys)
+    assert {k.pop() for k in keys} == {("e0", 0), ("e0", 1), ("e1", 0), ("e1", 1)}
+
+
+def test_rank_by_outstanding_tokens_not_requests():
+    p = _placement(engines=1, dp=2, n=1)
+    long = Sample("a/0", "a", 0, list(range(900)))
+    assert p.place(long, 1000) == ("e0", 0)
+    for i in range(3):
+        assert p.place(Sample(f"b{i}/0", f"b{i}", 0, [1]), 30) == ("e0", 1)
+    assert p.place(Sample("c/0", "c", 0, [1]), 30) == ("e0", 1)   # 90 tokens < 1000, though 3 requests > 1
+
+
+def test_a_group_larger_than_a_rank_holds_goes_over_the_fewest_ranks():
+    p = _placement(engines=2, dp=2, n=10, capacity=8)        # a rank should hold 8 / 2 = 4
+    got = collections.Counter(p.place(s, 20) for s in _group("g", 10))
+    assert sorted(got.values()) == [3, 3, 4] and len(got) == 3
+
+
+def test_continued_sample_returns_to_its_rank_and_a_lost_engine_group_moves_together():
+    p = _placement()
+    samples = _group("g", 8)
+    first = {p.place(s, 26) for s in samples}
+    (key,) = first
+    for s in samples:
+        p.done(s, 20)
+        s.engines.append(key[0])
+        s.status = SampleStatus.ABORTED
+    p.place(Sample("x/0", "x", 0, [1]), 5)           # another group in between
+    assert {p.place(s, 26) for s in samples[:2]} == {key}    # back to its rank while admitted
+    for s in samples[:2]:
+        p.done(s)
+    p.remove(key[0])
+    moved = {p.place(s, 26) for s in samples}
+    assert len(moved) == 1 and moved.pop()[0] != key[0]       # together, elsewhere, once
+
+
+def test_reservations_are_released():
+    p = _placement(n=8)
+    samples = _group("g", 8)
+    for s in samples[:6]:                            # two samples never ask (e.g. the batch filled)
+        p.place(s, 26)
+    for s in samples[:6]:
+        p.done(s, 30)
+    assert all(v.outstanding == 0 for v in p.ranks.values())
+    assert sum(v.served for v in p.ranks.values()) == 180
+
+
+def test_dp_rank_sent_only_where_an_engine_has_ranks():
+    p = Placement(2, 8)
+    p.admit("one", 1)
+    p.admit("two", 2)
+    assert p.rank_param(("one", 0)) is None and p.rank_param(("two", 1)) == 1
+
+
+def test_primer_once_per_rank_not_for_continued_samples_or_single_seats():
+    async def go():
+        p = _placement(n=4)
+        calls = []
+
+        async def prime():
+            calls.append(1)
+            await asyncio.sleep(0.01)
+            return {"prompt_tokens": 10, "cached_tokens": 0}
+        samples = _group("g", 4)
+        keys = [p.place(s, 20) for s in samples]
+        await asyncio.gather(*(p.primed_once(s, k, prime) for s, k in zip(samples, keys)))
+        cont = samples[0]
+        cont.response_ids = [5]
+        await p.primed_once(cont, keys[0], prime)
+        single = Placement(1, 8)
+        single.admit("e", 2)
+        s1 = _group("h", 1)[0]
+        await single.primed_once(s1, single.place(s1, 5), prime)
+        return calls, p
+    calls, p = asyncio.run(go())
+    assert calls == [1] and p.primed == 1 and p.primer_prefilled == 10
+
+
+# ---------------------------------------------------------------- through the dispatcher
+
+
+class _Eng:
+    def __init__(self, name, port):
+        self.name, self.url, self.api_key = name, f"http://127.0.0.1:{port}", None
+
+
+async def _engine(log):
+    async def generate(request):
+        body = await request.json()
+        log.append((asyncio.get_running_loop().time(), body))
+        n = body["sampling_params"]["max_new_tokens"]
+        await asyncio.sleep(0.02)
+        return web.json_response({"meta_info": {
+            "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
+            "dp_rank": body.get("routed_dp_rank")}})
+    server = await Loopback({"/generate": generate}).serve()
+    return server, server.port
+
+
+def _dispatch(placement):
+    async def go():
+        log = []
+        runner, port = await _engine(log)
+        try:
+            async with EngineClient() as client:
+                d = Dispatcher(client, {"max_new_tokens": 3}, capacity=8, placement=placement)
+                await d.admit(_Eng("e0", port), dp_ranks=2)
+                samples = _group("g", 4)
+                await asyncio.gather(*(d.run(s) for s in samples))
+                return log, samples
+        finally:
+            await runner.cleanup()
+    return asyncio.run(go())
+
+
+def test_dispatcher_pins_the_group_and_sends_the_primer_first():
+    log, samples = _dispatch(Placement(4, 8))
+    primers = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] == 0]
+    sent = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] > 0]
+    assert len(primers) == 1 and len(sent) == 4
+    assert {b["routed_dp_rank"] for _, b in log} == {primers[0][1]["routed_dp_rank"]}
+    assert min(t for t, _ in sent) >= primers[0][0] + 0.02     # after the primer's answer
+    assert {s.dp_rank for s in samples} == {primers[0][1]["routed_dp_rank"]}
+    assert all(s.status is SampleStatus.TRUNCATED for s in samples)
+
+
+def test_per_sample_routing_sends_no_rank_and_no_primer():
+    log, _ = _dispatch(None)
+    assert len(log) == 4 and all("routed_dp_rank" not in b for _, b in log)
+
+
+def test_an_engine_that_just_failed_a_connection_is_avoided_and_the_group_moves_together():
+    p = _placement(engines=2, dp=1)
+    samples = _group("g", 8)
+    (key,) = {p.place(s, 26) for s in samples}
+    for s in samples:
+        p.done(s)
+        s.engines.append(key[0])          # every attempt failed at the connection level there
+    moved = {p.place(s, 26, avoid={key[0]}) for s in samples}
+    assert len(moved) == 1 and moved.pop()[0] != key[0]
+    held = _group("h", 1)[0]
+    (k2,) = {p.place(held, 5)}
+    assert p.place(held, 5, avoid={k2[0]})[0] != k2[0]     # a placed, unsent attempt moves too
+
+
+def test_balance_over_the_step_and_a_readmitted_engine_is_not_flooded():
+    p = _placement(engines=2, dp=1, n=1)
+    for i, cost in enumerate((900, 100, 100, 100)):       # e1 gets the short ones, e0 the long one
+        s = Sample(f"g{i}/0", f"g{i}", 0, [1])
+        p.place(s, cost)
+        p.done(s, cost)
+    assert {k: v.served for k, v in p.ranks.items()} == {("e0", 0): 900, ("e1", 0): 300}
+    s = Sample("x/0", "x", 0, [1])
+    assert p.place(s, 50) == ("e1", 0)                    # nothing outstanding anywhere: the least served
+    p.remove("e1")
+    p.admit("e1", 1)                                      # restarted: level with the others
+    assert p.ranks[("e1", 0)].served == 900
+
+
+def test_a_waiting_sibling_cancelled_does_not_cancel_the_others():
+    async def go():
+        p = _placement(engines=1, dp=1, n=3)
+        gate = asyncio.Event()
+
+        async def prime():
+            await gate.wait()
+            return {}
+        samples = _group("g", 3)
+        keys = [p.place(s, 20) for s in samples]
+        tasks = [asyncio.create_task(p.primed_once(s, k, prime)) for s, k in zip(samples, keys)]
+        await asyncio.sleep(0.01)
+        tasks[1].cancel()
+        await asyncio.sleep(0.01)
+        assert not tasks[2].done()                 # still waits for the primer
+        gate.set()
+        await asyncio.gather(tasks[0], tasks[2])
+        return tasks[1].cancelled()
+    assert asyncio.run(go())
+
+
+def test_sglang_takes_routed_dp_rank_in_the_body():
+    """Guard (the SGLang installed here): `routed_dp_rank` is a /generate body field that reaches the DP
+    controller, which routes on it. Every reviewed release spells it so (0.5.15.post1 .. 0.5.23)."""
+    import inspect
+
+    io = pytest.importorskip("sglang.srt.managers.io_struct")
+    dpc = pytest.importorskip("sglang.srt.managers.data_parallel_controller")
+    req = io.GenerateReqInput(input_ids=[1, 2], routed_dp_rank=1)
+    req.normalize_batch_and_arguments()
+    assert req.routed_dp_rank == 1
+    assert "routed_dp_rank" in inspect.getsource(io.TokenizedGenerateReqInput)
+    assert "req.routed_dp_rank" in inspect.getsource(dpc.DataParallelController)
+
+
+def test_a_lone_sample_of_a_group_sends_no_primer():
+    """One sample outside any group (`RolloutManager.generate`, slime's custom generate): no primer."""
+    async def go():
+        calls = []
+
+        async def prime():
+            calls.append(1)
+            return {}
+        p = _placement(n=8)
+        s = _group("solo", 8)[0]
+        await p.primed_once(s, p.place(s, 20), prime)
+        return calls
+    assert asyncio.run(go()) == []
+
+
+def test_config_switch_keeps_per_sample_routing_and_refuses_other_values(tmp_path):
+    import os
+
+    import yaml
+
+    from rollout.manager import RolloutManager
+    from training_configs.schema import ConfigError, load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    d = yaml.safe_load(open(os.path.join(root, "training_configs", "tiny-cpu.yaml")))
+    path = tmp_path / "c.yaml"
+    for value, placed in (("group", True), ("sample", False)):
+        d["rollout"]["group_placement"] = value
+        path.write_text(yaml.safe_dump(d))
+        mgr = RolloutManager.from_config(load_config(str(path)), None, str(tmp_path))
+        assert (mgr.dispatcher.placement is not None) is placed
+    d["rollout"]["group_placement"] = "engine"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError, match="rollout.group_placement: 'engine' is not one of 'group' or 'sample'"):
+        load_config(str(path))

@@ -1,0 +1,45 @@
+"""The group-placement benchmark's SGLang stand-in answers the recorded sequence as SGLang 0.5.23 did
+(tests/facts/sglang-0.5.23-prefix-cache.json, the DP-attention miniature with NEXTN): a prompt again on
+its rank is cached but for the recorded tail, on the other rank not at all, and a zero-token request
+primes the cache. The one recorded case it does not model (a longer prompt sharing a cached prefix:
+it matches whole prompts only) is pinned here too, so a change to it is seen."""
+import json
+import multiprocessing as mp
+import os
+import sys
+
+import pytest
+import requests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import group_placement as bench  # noqa: E402
+
+from rollout.net import free_port  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_standin_replays_the_recorded_prefix_cache_answers():
+    with open(bench.FACT) as fh:
+        rec = json.load(fh)["c"]["answers"]
+    p = [3 + (7 * i) % 300 for i in range(256)]
+    q = [3 + (11 * i + 5) % 300 for i in range(256)]
+    inputs = [p, p, p, p + [5] * 16, q, q]
+    port, ready = free_port(), mp.Event()
+    srv = mp.Process(target=bench._serve, args=([port], 2, bench.recorded_tail(), 0.002, 0.0, ready, None),
+                     daemon=True)
+    srv.start()
+    try:
+        assert ready.wait(30)
+        got = []
+        for ids, r in zip(inputs, rec):
+            body = {"input_ids": ids, "routed_dp_rank": r["sent"]["routed_dp_rank"],
+                    "sampling_params": {"max_new_tokens": r["sent"]["max_new_tokens"]}}
+            meta = requests.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=10).json()["meta_info"]
+            got.append({k: meta[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "dp_rank")})
+    finally:
+        srv.kill()
+    want = [{k: r[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "dp_rank")} for r in rec]
+    assert got[3]["cached_tokens"] == 0 and want[3]["cached_tokens"] == 255   # not modelled: whole prompts only
+    assert [g for i, g in enumerate(got) if i != 3] == [w for i, w in enumerate(want) if i != 3]
