@@ -394,6 +394,10 @@ def test_judge_status_on_real_patches_status_output():
     v = judges.judge_status(p.returncode, p.stdout, logged[1:])
     assert not v.ok and "the engine logged" in v.reason
     assert "never logged" in judges.judge_status(0, p.stdout, None).reason
+    assert "retraction-rows" in active, p.stdout
+    without = "\n".join(ln for ln in p.stdout.splitlines() if not ln.split()[:1] == ["retraction-rows"])
+    v = judges.judge_status(0, without, [f for f in logged if f != "retraction-rows"])
+    assert not v.ok and v.reason == "not active in the engine: retraction-rows"
 
 
 def test_budget_shows_progress_on_a_fake_clock():

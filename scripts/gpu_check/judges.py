@@ -118,6 +118,9 @@ def judge_speed(on_tps: list, off_tps: list, floor: float = SPEED_FLOOR) -> Verd
     return Verdict("plugin_speed", ratio >= floor, text)
 
 
+MUST_BE_ACTIVE = ("retraction-rows",)   # hooked on every reviewed release: the device engine must run it
+
+
 def judge_status(rc: int, out: str, logged: Optional[list]) -> Verdict:
     """`patches status` run with the engine's interpreter and environment, and the engine's own log
     line of active fixes (sglang_patches.plugin) must agree."""
@@ -128,6 +131,9 @@ def judge_status(rc: int, out: str, logged: Optional[list]) -> Verdict:
         return Verdict("patches_status", False, f"rc {rc}: {out.strip().splitlines()[-1:]}")
     if active != sorted(logged):
         return Verdict("patches_status", False, f"status says active {active}, the engine logged {sorted(logged)}")
+    missing = [f for f in MUST_BE_ACTIVE if f not in logged]
+    if missing:
+        return Verdict("patches_status", False, f"not active in the engine: {', '.join(missing)}")
     head = out.strip().splitlines()[0] if out.strip() else ""
     return Verdict("patches_status", True, f"{head}; active in the engine: {', '.join(sorted(logged)) or 'none'}")
 
