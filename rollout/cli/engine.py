@@ -145,7 +145,7 @@ def _launch(args) -> int:
     try:
         print_report(engine, ready)
         if args.prompt:
-            _sample(engine, args.prompt, args.max_new_tokens)
+            _sample(engine, args.prompt, args.max_new_tokens, cfg)
         if args.serve:
             where = f" (API key in the 0600 file {engine.procs[0].secret_path})" if spec.api_key else ""
             print(f"serving at {engine.url}{where}; Ctrl-C stops it", flush=True)
@@ -203,7 +203,7 @@ def print_report(engine, ready) -> None:
         print(f"  {pid:>8}  {name:<24} {b / 2**30:.2f} GiB")
 
 
-def _sample(engine, prompt: str, n: int) -> None:
+def _sample(engine, prompt: str, n: int, cfg) -> None:
     import requests
 
     from rollout.net import auth_headers
@@ -217,3 +217,18 @@ def _sample(engine, prompt: str, n: int) -> None:
     meta = out.get("meta_info", {})
     extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
+    if engine.spec.group.routed_experts:
+        print(routed_experts_line(out, cfg))
+
+
+def routed_experts_line(out: dict, cfg) -> str:
+    """What the answer's routed experts decode to (the manager's decoder and checks), or why they do not."""
+    from rollout.routed_experts.layout import MoELayout
+    from rollout.routed_experts.merge import sample_routed_experts
+
+    meta = out.get("meta_info", {})
+    num_tokens = int(meta.get("prompt_tokens", 0)) + len(out.get("output_ids", []))
+    arr, reason = sample_routed_experts(meta, num_tokens, MoELayout.from_model(cfg.model))
+    if reason:
+        return f"routed experts: refused: {reason}"
+    return f"routed experts: {arr.shape[0]} rows x {arr.shape[1]} MoE layers x top-{arr.shape[2]} for {num_tokens} tokens"
