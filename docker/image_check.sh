@@ -52,7 +52,7 @@ judge() {
 last_error() { grep -E '^error: ' "$1" | tail -1; }
 build() {  # build TAG BASE_TAG [ARGS...]: docker/Dockerfile on localhost/slime-local:BASE_TAG, log in $LOGS/TAG.log
   local tag=$1 base=$2; shift 2
-  buildah bud --isolation chroot --pull=never --layers=false "${BUD_MOUNTS[@]}" -f docker/Dockerfile \
+  buildah bud --format docker --isolation chroot --pull=never --layers=false "${BUD_MOUNTS[@]}" -f docker/Dockerfile \
     --build-arg BASE_IMAGE=localhost/slime-local --build-arg BASE_TAG="$base" "$@" \
     -t "localhost/slime-moe-rollout:$tag" . > "$LOGS/$tag.log" 2>&1
 }

@@ -65,7 +65,7 @@ if ! ls "$WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
     || { say "pip found no torch 2.13.0+cpu wheel (got: $(ls "$WHEELS")); give it a CPU index or find-links"; exit 1; }
 fi
 mkdir -p "$IMAGE_STORE/pip-cache"
-BUD=(buildah bud --isolation chroot --pull=never --layers=false "${BUD_MOUNTS[@]}" -v "$IMAGE_STORE/pip-cache:/root/.cache/pip")
+BUD=(buildah bud --format docker --isolation chroot --pull=never --layers=false "${BUD_MOUNTS[@]}" -v "$IMAGE_STORE/pip-cache:/root/.cache/pip")
 if ! buildah inspect --type image "$PYTHON_IMAGE" >/dev/null 2>&1; then
   say "building $PYTHON_IMAGE"
   rm -rf "$CTX" && mkdir -p "$CTX/requirements"
