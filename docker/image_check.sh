@@ -104,9 +104,10 @@ t=$(date +%s)
 build unreviewed 0.5.14; rc=$?
 reason=$(last_error "$LOGS/unreviewed.log")
 at_check=$(grep -c -- '-m rollout.cli patches status' "$LOGS/unreviewed.log")
+# the status header names why: "SGLang V (variant no reviewed variant: <why> (reviewed: ...))"
+why=$(grep -m1 -oE 'variant no reviewed variant: [^(]*' "$LOGS/unreviewed.log" | sed 's/^variant no reviewed variant: //; s/ *$//')
 judge "unreviewed (0.5.14)" "$t" "$([ $rc != 0 ] && [ "$at_check" -gt 0 ] && [ -n "$reason" ] && echo 1)" \
-  "build $([ $rc = 0 ] && echo passed || echo failed) at the fix check: ${reason:-no error line}"
-grep -E '^SGLang .*variant' "$LOGS/unreviewed.log" | tail -1 | sed 's/^/       /'
+  "build $([ $rc = 0 ] && echo passed || echo failed) at the fix check: ${why:+$why; }$(cut -c1-60 <<< "${reason:-no error line}")..."
 buildah rmi --force localhost/slime-moe-rollout:unreviewed >/dev/null 2>&1
 
 t=$(date +%s)
