@@ -108,9 +108,17 @@ for variant in "$@"; do
     *) say "unknown variant suffix '$extra' (known: +slime)"; exit 2 ;;
   esac
   image=localhost/slime-local:${variant//+/-}
-  note=""; [ -z "$extra" ] || note=", slime's patches"
-  say "building $image ($(paste -sd' ' "$CTX/sglang-pins.txt")$note)"
-  "${BUD[@]}" --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" -f "$REPO/docker/local-base/sglang.Containerfile" \
-    -t "$image" "$CTX" >&2
+  # reused while its inputs are unchanged: stage 1, the Containerfile, the pins, the patches
+  inputs=$( { echo "$PYTHON_IMAGE"; cat "$REPO/docker/local-base/sglang.Containerfile" "$CTX/sglang-pins.txt" \
+              "$CTX/slime-patches/"* 2>/dev/null; } | sha256sum | cut -c1-12)
+  if buildah inspect --type image "$image-$inputs" >/dev/null 2>&1; then
+    say "reusing $image-$inputs"
+    buildah tag "$image-$inputs" "$image"
+  else
+    note=""; [ -z "$extra" ] || note=", slime's patches"
+    say "building $image ($(paste -sd' ' "$CTX/sglang-pins.txt")$note)"
+    "${BUD[@]}" --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" -f "$REPO/docker/local-base/sglang.Containerfile" \
+      -t "$image" -t "$image-$inputs" "$CTX" >&2
+  fi
   echo "$image"
 done

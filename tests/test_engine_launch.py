@@ -126,3 +126,13 @@ def test_routed_experts_line_decodes_or_says_why():
     assert routed_experts_line(out, cfg).startswith("routed experts: refused: ")
     del out["meta_info"]["routed_experts"]
     assert "routed_experts is missing" in routed_experts_line(out, cfg)
+
+
+def test_launch_takes_the_first_engine_of_a_multi_engine_config():
+    """The demo config has 2 engines: `engine launch` starts the first one on the port it picked."""
+    from rollout.cli.engine import first_engine_spec
+
+    cfg = rconfig.load("training_configs/tiny-cpu.yaml")
+    assert cfg.engine_groups[0].engines == 2
+    spec = first_engine_spec(cfg, "/m", 31999)
+    assert (spec.name, spec.port, spec.model_path, spec.gpu_offset) == ("tiny-0", 31999, "/m", 0)

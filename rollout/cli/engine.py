@@ -129,7 +129,7 @@ def _launch(args) -> int:
         group.env["SGLANG_PLUGINS"] = "none"
     if args.disable:
         group.env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    spec = rconfig.engine_specs(cfg, model, ports=[args.port or free_port(cfg.rollout.host)])[0]
+    spec = first_engine_spec(cfg, model, args.port or free_port(cfg.rollout.host))
     backend = LocalBackend(args.log_dir or os.path.join(ROOT, ".cache", "logs"))
     log = backend.log_path(spec)
     if os.path.exists(log):
@@ -155,6 +155,15 @@ def _launch(args) -> int:
         engine.stop()
         print(f"stopped; processes left: {alive_pids(tree) or 'none'}")
     return 0
+
+
+def first_engine_spec(cfg, model: str, port: int):
+    """The spec of a config's first engine (its first group's engine 0) on `port`; the others are dropped."""
+    from rollout import config as rconfig
+
+    group = cfg.engine_groups[0]
+    cfg.engine_groups, group.engines = [group], 1
+    return rconfig.engine_specs(cfg, model, ports=[port])[0]
 
 
 def log_text(engine) -> str:
