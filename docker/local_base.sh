@@ -109,8 +109,8 @@ for variant in "$@"; do
   esac
   image=localhost/slime-local:${variant//+/-}
   # reused while its inputs are unchanged: stage 1, the Containerfile, the pins, the patches
-  inputs=$( { echo "$PYTHON_IMAGE"; cat "$REPO/docker/local-base/sglang.Containerfile" "$CTX/sglang-pins.txt" \
-              "$CTX/slime-patches/"* 2>/dev/null; } | sha256sum | cut -c1-12)
+  inputs=$( { echo "$PYTHON_IMAGE"; cat "$REPO/docker/local-base/sglang.Containerfile" "$CTX/sglang-pins.txt"
+              find "$CTX/slime-patches" -type f | sort | xargs -r cat; } | sha256sum | cut -c1-12)
   if buildah inspect --type image "$image-$inputs" >/dev/null 2>&1; then
     say "reusing $image-$inputs"
     buildah tag "$image-$inputs" "$image"
