@@ -15,8 +15,9 @@
 #   unreviewed, REQUIRE_FIXES=0   ... and passes with REQUIRE_FIXES=0.
 #   engine       in the slime-like image (buildah run, loopback): the demo config's first engine
 #                (training_configs/tiny-cpu.yaml) answers a request with routed experts and logs the
-#                plugin's active fixes. The CPU enablement (the project's CPU interpreter hook) is
-#                installed in that run's container only: the image itself stays as the Dockerfile made it.
+#                plugin's active fixes. The CPU enablement (the project's CPU interpreter hook, and g++ and
+#                python3-dev from apt for torch's CPU code generation) is installed in that run's container
+#                only: the image itself stays as the Dockerfile made it.
 #                Runs under `flock $ENGINE_LOCK` (default /tmp/engine.lock; empty: no lock), so that engine
 #                tests on the same machine take turns.
 #   stock        (IMAGE_CHECK_STOCK=1) base SGLang 0.5.23: the build passes with every fix good.
@@ -128,7 +129,11 @@ fi
 
 t=$(date +%s)
 if ctr=$(buildah from --pull=never localhost/slime-moe-rollout:slime 2>"$LOGS/engine.log"); then
-  # the CPU enablement, in this container only; then the demo config's first engine on loopback, one request
+  # In this container only: a C++ compiler and Python's headers (torch's CPU code generation compiles
+  # kernels; the local base leaves them out, slime's image has them) and the CPU enablement; then the demo
+  # config's first engine on loopback, one request.
+  buildah run --isolation chroot "$ctr" -- bash -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends g++ python3-dev' >> "$LOGS/engine.log" 2>&1
   lock=(); [ -z "${ENGINE_LOCK-/tmp/engine.lock}" ] || lock=(flock "${ENGINE_LOCK-/tmp/engine.lock}")
   "${lock[@]}" timeout 900 buildah run --isolation chroot "$ctr" -- bash -c '
     set -e

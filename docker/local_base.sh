@@ -32,6 +32,8 @@
 #   - SGLang from the PyPI wheel in site-packages instead of an editable checkout in /sgl-workspace/sglang:
 #     the same files; slime's patches are applied to them with -p2 limited to sglang/srt/ (their hunks in
 #     tests, sgl-kernel and jit_kernel sources are skipped: not in the wheel, or GPU kernels).
+#   - no C++ compiler or Python headers (slime's image has both): the build compiles nothing; the engine
+#     check installs g++ and python3-dev in its own container, for torch's CPU code generation.
 #   - no Megatron-LM, Ray, slime checkout or slime's other pip packages: the build installs and checks
 #     slime-moe-rollout's SGLang fixes and manager, which need none of them.
 set -euo pipefail
