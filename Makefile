@@ -6,7 +6,7 @@ CLI := $(VENV)/bin/slime-moe-rollout
 # The slime variant needs a slime checkout: make test SLIME_SRC=/path/to/slime
 MATRIX_ENVS := 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 $(if $(SLIME_SRC),0.5.15.post1+slime)
 
-.PHONY: venv envs demo test test-e2e bench bench-quick clean
+.PHONY: venv envs demo test test-e2e bench bench-quick image-check clean
 
 venv:
 	@VENV=$(VENV) bash scripts/setup_venv.sh
@@ -35,6 +35,11 @@ bench: venv
 # a MISS is reported, not failed (timing on a shared machine is no test).
 bench-quick: venv
 	$(PY) benchmarks/run_all.py --quick
+
+# docker/Dockerfile built for real with buildah on local bases that mirror slime's image, judged line by
+# line (docker/image_check.sh; root, a Debian mirror and PyPI). Not part of `make test`.
+image-check:
+	@SLIME_SRC="$(SLIME_SRC)" bash docker/image_check.sh
 
 clean:
 	rm -rf $(VENV) .venvs

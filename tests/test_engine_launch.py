@@ -109,3 +109,30 @@ def test_free_port_leaves_room_for_sglang_0_5_15_grpc_port(monkeypatch):
     assert free_port() == 41000
     monkeypatch.undo()
     assert 0 < free_port() <= 55535
+
+
+def test_routed_experts_line_decodes_or_says_why():
+    """`engine launch`'s line about the answer's routed experts (the image check reads it)."""
+    from rollout.cli.engine import routed_experts_line
+    from rollout.routed_experts.codec import encode_sglang
+    from rollout.routed_experts.layout import MoELayout
+    from support.synthetic import synthetic_full
+
+    cfg = rconfig.load("training_configs/tiny-cpu.yaml")
+    full = synthetic_full(7, MoELayout.from_model(cfg.model))   # SGLang's rows: len(tokens) - 1
+    out = {"meta_info": {"prompt_tokens": 5, "routed_experts": encode_sglang(full)}, "output_ids": [1, 2, 3]}
+    assert routed_experts_line(out, cfg) == "routed experts: 7 rows x 2 MoE layers x top-4 for 8 tokens"
+    out["output_ids"] = [1]   # two rows too many for 6 tokens (one more is the accepted stop-edge row)
+    assert routed_experts_line(out, cfg).startswith("routed experts: refused: ")
+    del out["meta_info"]["routed_experts"]
+    assert "routed_experts is missing" in routed_experts_line(out, cfg)
+
+
+def test_launch_takes_the_first_engine_of_a_multi_engine_config():
+    """The demo config has 2 engines: `engine launch` starts the first one on the port it picked."""
+    from rollout.cli.engine import first_engine_spec
+
+    cfg = rconfig.load("training_configs/tiny-cpu.yaml")
+    assert cfg.engine_groups[0].engines == 2
+    spec = first_engine_spec(cfg, "/m", 31999)
+    assert (spec.name, spec.port, spec.model_path, spec.gpu_offset) == ("tiny-0", 31999, "/m", 0)

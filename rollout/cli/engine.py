@@ -126,7 +126,7 @@ def _launch(args) -> int:
         group.env["SGLANG_PLUGINS"] = "none"
     if args.disable:
         group.env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    spec = rconfig.engine_specs(cfg, model, ports=[args.port or free_port(cfg.rollout.host)])[0]
+    spec = first_engine_spec(cfg, model, args.port or free_port(cfg.rollout.host))
     backend = LocalBackend(args.log_dir or os.path.join(ROOT, ".cache", "logs"))
     log = backend.log_path(spec)
     if os.path.exists(log):
@@ -141,7 +141,7 @@ def _launch(args) -> int:
     tree = engine.tree_pids()
     try:
         print_report(engine, ready)
-        failed = bool(args.prompt) and not _sample(engine, args.prompt, args.max_new_tokens)
+        failed = bool(args.prompt) and not _sample(engine, args.prompt, args.max_new_tokens, cfg)
         if args.serve:
             where = f" (API key in the 0600 file {engine.procs[0].secret_path})" if spec.api_key else ""
             print(f"serving at {engine.url}{where}; Ctrl-C stops it", flush=True)
@@ -151,6 +151,15 @@ def _launch(args) -> int:
         engine.stop()
         print(f"stopped; processes left: {alive_pids(tree) or 'none'}")
     return 1 if failed else 0
+
+
+def first_engine_spec(cfg, model: str, port: int):
+    """The spec of a config's first engine (its first group's engine 0) on `port`; the others are dropped."""
+    from rollout import config as rconfig
+
+    group = cfg.engine_groups[0]
+    cfg.engine_groups, group.engines = [group], 1
+    return rconfig.engine_specs(cfg, model, ports=[port])[0]
 
 
 def log_text(engine) -> str:
@@ -190,8 +199,9 @@ def print_report(engine, ready) -> None:
         print(f"  {pid:>8}  {name:<24} {b / 2**30:.2f} GiB")
 
 
-def _sample(engine, prompt: str, n: int) -> bool:
-    """One greedy request, its answer printed; False (and one line) when the engine did not answer it."""
+def _sample(engine, prompt: str, n: int, cfg) -> bool:
+    """One greedy request, its answer (and its routed experts) printed; False (and one line) when the engine
+    did not answer it."""
     import asyncio
 
     from rollout.engines.client import EngineClient
@@ -212,4 +222,19 @@ def _sample(engine, prompt: str, n: int) -> bool:
     meta = out.get("meta_info", {})
     extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
     print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
+    if engine.spec.group.routed_experts:
+        print(routed_experts_line(out, cfg))
     return True
+
+
+def routed_experts_line(out: dict, cfg) -> str:
+    """What the answer's routed experts decode to (the manager's decoder and checks), or why they do not."""
+    from rollout.routed_experts.layout import MoELayout
+    from rollout.routed_experts.merge import sample_routed_experts
+
+    meta = out.get("meta_info", {})
+    num_tokens = int(meta.get("prompt_tokens", 0)) + len(out.get("output_ids", []))
+    arr, reason = sample_routed_experts(meta, num_tokens, MoELayout.from_model(cfg.model))
+    if reason:
+        return f"routed experts: refused: {reason}"
+    return f"routed experts: {arr.shape[0]} rows x {arr.shape[1]} MoE layers x top-{arr.shape[2]} for {num_tokens} tokens"
