@@ -15,6 +15,7 @@ Judged (benchmarks/targets.toml):
 """
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 import tempfile
@@ -76,7 +77,7 @@ def main() -> int:
     from rollout import config as rconfig
     from rollout.cli.run import prompts_for
     from rollout.engines.local_backend import LocalBackend
-    from rollout.manager import RolloutManager
+    from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.models.near_tie import build_near_tie_glm
     from rollout.net import free_port
     from rollout.r3.check import RolloutSample, arm
@@ -89,8 +90,9 @@ def main() -> int:
     cfg = rconfig.load(a.config)
     cfg.rollout.budgets.http_s = cfg.rollout.budgets.server_up_s = 600.0
     cfg.rollout.sampling.max_new_tokens = a.max_new_tokens
-    mgr = RolloutManager.from_config(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-retraction-")), model,
-                                     ports=[free_port(cfg.rollout.host)], keep_answers=True)
+    source = engine_source(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-retraction-")), model,
+                           ports=[free_port(cfg.rollout.host)])
+    mgr = RolloutManager(source, dataclasses.replace(RolloutOptions.from_config(cfg), keep_answers=True))
     prompts = prompts_for(cfg.model.vocab_size or 320, a.prompts, 0)
     samples = asyncio.run(_rollout(mgr, prompts, model, max(1, a.prompts // 3)))
 
