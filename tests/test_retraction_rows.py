@@ -45,7 +45,7 @@ def test_retraction_rows_on_variant(variant):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", ALL)
+@pytest.mark.parametrize("variant", ["0.5.23"])   # the other variants: test_version_matrix's status test
 def test_retraction_rows_status_on_variant(variant):
     r = subprocess.run([str(python(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
                        capture_output=True, text=True, timeout=280, cwd=ROOT)
