@@ -405,7 +405,10 @@ def test_queued_abort_without_routed_experts_is_resumed_not_failed():
     aborted the way SGLang 0.5.23 does it (recorded: finish abort, no routed_experts, no tokens)."""
     async def go():
         backend = StandinBackend(slow_from=6, max_running=2)  # group 0 fast; the others straggle
-        async with make_manager(n_engines=1, concurrency=8, max_new_tokens=40, backend=backend) as mgr:
+        # per-sample routing: every request is sent at once, so some queue (a placed group's siblings wait
+        # for their primer, which makes queueing depend on timing)
+        async with make_manager(n_engines=1, concurrency=8, max_new_tokens=40, backend=backend,
+                                group_placement="sample") as mgr:
             stream = GroupStream(maxsize=100)
             res1 = await mgr.rollout(prompts(4), stream, batch_size=1)
             carried = [(s.status, len(s.response_ids), s.error) for g in mgr.carried for s in g.samples]

@@ -141,7 +141,7 @@ def _grow_from_server_args(original, args, kwargs, server_args, attn_tp_size):
     from sglang.srt.state_capturer import routed_experts as re_mod
 
     sa = server_args()
-    refuse_tree_capture(sa.speculative_algorithm, sa.speculative_eagle_topk)
+    refuse_tree_capture(sa.speculative_algorithm, getattr(sa, "speculative_eagle_topk", None))
     bound = bind(original, *args, **kwargs)
     original(*bound.args, **bound.kwargs)
     a = bound.arguments
