@@ -62,19 +62,22 @@ class EngineClient:
         try:
             async with self._open().request(method, engine.url + path, json=json_body, params=params,
                                             headers=auth_headers(engine.api_key), timeout=timeout) as r:
-                status, text = r.status, await r.text()
+                status, raw = r.status, await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise EngineUnreachable(engine.name, path, e) from None
+        if status == 200 and as_json:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                pass
+        text = raw.decode("utf-8", "replace")
         if status in (401, 403):
             raise ApiKeyRejected(engine.name, path, status, text)
         if status != 200:
             raise EngineRejected(engine.name, path, status, text)
         if not as_json:
             return text
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise EngineRejected(engine.name, path, status, f"not JSON: {one_line(text)}") from None
+        raise EngineRejected(engine.name, path, status, f"not JSON: {one_line(text)}")
 
     # ------------------------------------------------------------------ generation
     async def generate(self, engine, body: dict, timeout_s: float = GENERATE_S) -> dict:
