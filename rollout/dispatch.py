@@ -101,10 +101,10 @@ class Dispatcher:
                 weight_version = await self.client.weight_version(engine)
             except (EngineError, AttributeError):
                 weight_version = None
-        info = await self._server_info(engine) if self.layout is not None or (
-            self.placement is not None and dp_ranks is None) else {}
-        if self.placement is not None and dp_ranks is None:
-            dp_ranks = dp_ranks_of(info) if info.get("error") is None and info else None
+        ask_ranks = self.placement is not None and dp_ranks is None
+        info = await self._server_info(engine) if self.layout is not None or ask_ranks else {}
+        if ask_ranks and info and "error" not in info:
+            dp_ranks = dp_ranks_of(info)
         await self.admit(engine, weight_version, self._offers_compact(engine, info), dp_ranks)
 
     async def _server_info(self, engine) -> dict:
