@@ -4,6 +4,7 @@ reported and cleared, a port held by anything else is named, and the key stays o
 The same with real SGLang behind `serve` is tests/test_engine_multinode.py (e2e)."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -46,11 +47,16 @@ def _spec(port):
 
 
 def _wait_listening(port, budget=20.0):
-    from rollout.engines.process import port_in_use
+    """Until a connect succeeds: a bound port is not yet a listening one (HTTPServer binds, looks up its
+    own name, and only then listens), and a stale engine is one that listens."""
     end = time.monotonic() + budget
-    while not port_in_use("127.0.0.1", port):
-        assert time.monotonic() < end, f"stand-in never listened on {port}"
-        time.sleep(0.1)
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            assert time.monotonic() < end, f"stand-in never listened on {port}"
+            time.sleep(0.1)
 
 
 @pytest.mark.timeout(60)
