@@ -121,18 +121,17 @@ def _blob(data, compact_args=None) -> str:
 
 def _child(argv) -> dict:
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
-                                                                           os.environ.get("PYTHONPATH", "")])))
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])))
     if proc.returncode:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def replay(data, compact_args=None):
-    """slime's prepare_routed_experts_for_routing_replay on the converted data (tests/test_slime_real.py's
-    worker: megatron-core parallel state on gloo, one rank; `compact_args`: with slime_compact.install)."""
+    """slime's prepare_routed_experts_for_routing_replay on the converted data (scripts/slime_replay_worker.py:
+    megatron-core parallel state on gloo, one rank; `compact_args`: with slime_compact.install)."""
     path = _blob(data, compact_args)
-    res = _child([sys.executable, os.path.join(ROOT, "tests", "test_slime_real.py"), "--replay-worker", path])
+    res = _child([sys.executable, os.path.join(ROOT, "scripts", "slime_replay_worker.py"), path])
     os.unlink(path)
     rows = sum(len(t) for t in data["tokens"])
     if res["shape"][0] != rows or not res["equal_to_captured"]:
@@ -145,7 +144,7 @@ def replay(data, compact_args=None):
 
 VERSUS_HF = """
 import json, sys
-from support.hf import hf_router_topk
+from rollout.models.reference import hf_router_topk
 blob = json.load(open(sys.argv[2]))
 bad, rows = [], 0
 for tokens, re in zip(blob["tokens"], blob["experts"]):
@@ -159,7 +158,7 @@ print(json.dumps({"rows": rows, "bad_layers": sorted(set(bad))}))
 
 def versus_transformers(model_path, data):
     """Every MoE layer's routed experts equal transformers' router top-k on the same tokens (run with this
-    project's venv: the transformers its tests use)."""
+    project's venv: the transformers rollout.models.reference uses)."""
     path = _blob(data)
     res = _child([os.path.join(ROOT, ".venv", "bin", "python"), "-c", VERSUS_HF, model_path, path])
     os.unlink(path)

@@ -379,7 +379,7 @@ def per_rank_results(engine, model, n=9, copies=1):
 def wrong_rows(model, ids, out) -> list:
     """Positions whose routed experts differ from transformers' router (any MoE layer)."""
     from support.engines import decode_routed
-    from support.hf import hf_router_topk
+    from rollout.models.reference import hf_router_topk
 
     from rollout.models.tiny import NUM_LAYERS, TOP_K
 
@@ -403,7 +403,7 @@ def test_c_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_mo
     """Configuration (c), verify through DecodeCudaGraphRunner replays on both DP ranks: tokens and
     routed experts equal transformers on every rank and token."""
     from support.engines import log_text
-    from support.hf import hf_greedy
+    from rollout.models.reference import hf_greedy
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs")
     res = per_rank_results(eng, tiny_match_model)
@@ -425,7 +425,7 @@ def test_c_graphs_without_capturer_extent_corrupts_rank_1(engine_pool, tiny_matc
     Tokens stay right; every generated row on rank 1 comes back with another row's experts
     (measured: rows 14-21 of 22, the prompt rows from eager prefill stay right); rank 0 is right."""
     from support.engines import active_fixes, log_text
-    from support.hf import hf_greedy
+    from rollout.models.reference import hf_greedy
 
     eng = c_graph_engine(engine_pool, tiny_match_model, "c-graphs-no-capturer-extent", disable=("capturer-extent",))
     assert "capturer-extent" not in active_fixes(eng)
@@ -487,7 +487,7 @@ def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_
     """The same engine and requests with the fix set: prefill replays on both DP ranks, tokens and
     routed experts equal transformers on every rank and token."""
     from support.engines import log_text
-    from support.hf import hf_greedy
+    from rollout.models.reference import hf_greedy
 
     eng = engine_pool.get("c-prefill-graphs", with_graphs(preset_c(tiny_match_model), prefill=PREFILL_GRAPH))
     outs = both_ranks_at_once(eng, tiny_match_model)
@@ -557,7 +557,7 @@ def test_c_graphs_short_buffer_with_the_fix_set_match_transformers(engine_pool, 
     """The same settings with the fix set: the buffer grows to at least 4 x 3 x 2 = 24 rows (after
     SGLang's 16), verify replays on both DP ranks, tokens and routed experts equal transformers."""
     from support.engines import active_fixes, log_text
-    from support.hf import hf_greedy
+    from rollout.models.reference import hf_greedy
 
     eng = engine_pool.get("c-graphs-short-buffer", short_buffer_engine_spec(tiny_match_model))
     assert "routed-experts-rows" in active_fixes(eng)
@@ -639,7 +639,7 @@ def test_c_verify_padding_lcm_leaves_draft_decode_alone(engine_pool, tiny_match_
     aligned to 6): 4 requests a DP rank at once, verify replays on both ranks, tokens and routed
     experts equal transformers on every rank and token."""
     from support.engines import active_fixes, log_text
-    from support.hf import hf_greedy
+    from rollout.models.reference import hf_greedy
 
     eng = engine_pool.get("c-graphs-lcm", lcm_engine_spec(tiny_match_model))
     assert "verify-padding-lcm" in active_fixes(eng)

@@ -6,7 +6,7 @@ Every DP rank is pinned in turn (`routed_dp_rank`) and compared with transformer
 """
 import pytest
 from support.engines import active_fixes, generate, preset
-from support.hf import hf_greedy
+from rollout.models.reference import hf_greedy
 from test_engine_single import check_routed, prompts
 
 from rollout.net import auth_headers

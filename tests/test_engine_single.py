@@ -7,7 +7,7 @@ import requests
 
 import pytest
 from support.engines import active_fixes, decode_routed, generate, log_text, preset
-from support.hf import hf_greedy, hf_router_topk
+from rollout.models.reference import hf_greedy, hf_router_topk
 
 from rollout.cli.engine import parse_startup_timings
 from rollout.engines.process import alive_pids, rss

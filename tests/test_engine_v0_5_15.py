@@ -147,7 +147,7 @@ def test_a_without_capture_snapshot_rows_hold_the_next_forwards_experts(tiny_mod
     every decode row hold the experts of the token the next forward ran (prompt row 0: the first
     generated token; decode row r: row r + 1), and the other prompt rows are right."""
     from support.engines import decode_routed
-    from support.hf import hf_router_topk
+    from rollout.models.reference import hf_router_topk
     from test_engine_single import prompts
 
     from rollout.models.tiny import NUM_LAYERS, TOP_K

@@ -9,7 +9,7 @@ environment (tests/version_engine.py); transformers' router is asked here.
 import re
 
 import pytest
-from support.hf import hf_greedy
+from rollout.models.reference import hf_greedy
 from test_cpu_graphs import DP_RANKS, wrong_rows
 from version_engine import run
 

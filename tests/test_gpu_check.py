@@ -285,8 +285,8 @@ def test_engine_checks_cli_parses_without_cuda():
 
 
 def test_router_reference_equals_the_tests_reference(tiny_model):
-    """engine_checks.Router (transformers' router, on the GPU there) = tests/support/hf.py hf_router_topk."""
-    from support.hf import hf_router_topk
+    """engine_checks.Router (transformers' router, on the GPU there) = rollout/models/reference.py hf_router_topk."""
+    from rollout.models.reference import hf_router_topk
     from engine_checks import Router, prompts
 
     router = Router(tiny_model, device="cpu")

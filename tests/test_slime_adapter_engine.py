@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.engines import preset
-from support.hf import hf_router_topk
+from rollout.models.reference import hf_router_topk
 from test_slime_adapter import StandInRouter
 
 from rollout.slime import RolloutFnTrainOutput, Sample

@@ -12,7 +12,6 @@ megatron-core's parallel state on gloo, `prepare_routed_experts_for_routing_repl
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -86,50 +85,13 @@ def test_replay_preparation(router, tmp_path):
     blob = tmp_path / "routes.json"
     blob.write_text(json.dumps({"experts": [x.tolist() for x in train["rollout_routed_experts"]],
                                 "tokens": train["tokens"]}))
-    proc = subprocess.run([sys.executable, __file__, "--replay-worker", str(blob)], cwd=ROOT, env=dict(os.environ),
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "slime_replay_worker.py"), str(blob)], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])),
                           capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = sum(len(t) for t in train["tokens"])          # one pad row per sample replaces the missing last row
     assert res["shape"] == [rows, 3, 4] and res["equal_to_captured"] is True
-
-
-def _replay_worker(path):
-    import torch
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    from megatron.core import parallel_state
-    parallel_state.initialize_model_parallel(1, 1)
-    from slime.backends.megatron_utils.cp_utils import prepare_routed_experts_for_routing_replay
-    blob = json.loads(Path(path).read_text())
-    experts = [torch.tensor(x, dtype=torch.int32) for x in blob["experts"]]
-    tokens = [torch.tensor(t) for t in blob["tokens"]]
-    if blob.get("compact"):   # rollout.routed_experts.slime_compact on: slime's trainer gets compact tensors
-        from types import SimpleNamespace
-
-        from rollout.routed_experts import slime_compact
-        args = SimpleNamespace(**blob["compact"])
-        given = [x.to(torch.uint8) for x in experts]   # compact [T-1, moe layers * topk] as slime holds them
-        try:   # a trainer without the trainer-side install stops at once
-            prepare_routed_experts_for_routing_replay(given, tokens, num_experts=16, data_pad_size_multiplier=1,
-                                                      sequence_parallel=False, allgather_cp=False)
-            unhooked = "no error"
-        except ValueError as e:
-            unhooked = f"ValueError: {e}"
-        assert slime_compact.install(args)
-        from slime.backends.megatron_utils import cp_utils
-        prepare_routed_experts_for_routing_replay = cp_utils.prepare_routed_experts_for_routing_replay
-        experts = [slime_compact.to_slime(x, slime_compact.layout_from_args(args)) for x in given]
-    else:
-        given, unhooked = experts, None
-    out = prepare_routed_experts_for_routing_replay(given, tokens, num_experts=16, data_pad_size_multiplier=1,
-                                                    sequence_parallel=False, allgather_cp=False)
-    kept = torch.cat([out[sum(len(t) for t in tokens[:i]):][:len(tokens[i]) - 1] for i in range(len(tokens))])
-    print(json.dumps({"shape": list(out.shape), "equal_to_captured": bool(torch.equal(kept, torch.cat(experts))),
-                      "unhooked": unhooked}))
 
 
 def test_sample_hooks_and_dynamic_filter_are_slimes(router, monkeypatch):
@@ -182,6 +144,3 @@ def drop_first_prompt(args, group):
     from slime.rollout.filter_hub.base_types import DynamicFilterOutput
     return DynamicFilterOutput(keep=group[0].tokens[:3] != [1, 2, 3], reason="first")
 
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--replay-worker"]:
-    _replay_worker(sys.argv[2])

@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from support.hf import hf_greedy, hf_model, hf_router_topk
+from rollout.models.reference import hf_greedy, hf_model, hf_router_topk
 
 from rollout.models.tiny import NUM_LAYERS, build_info, build_tiny_glm, expected_experts
 

@@ -131,7 +131,7 @@ def ask(eng, ids, n):
 
 class Router:
     """transformers' router on the GPU (fp32): {moe layer: [sorted experts per token]} per sequence.
-    The tests' reference (tests/support/hf.py router_topk) with the model on `device`, for both layouts:
+    The tests' reference (rollout/models/reference.py hf_router_topk) with the model on `device`, for both layouts:
     transformers 5.12.1 (SGLang 0.5.15.post1's pin, carried) routes in the MoE block's
     `route_tokens_to_experts`; newer releases' router returns (logits, weights, indices)."""
 

@@ -1,5 +1,6 @@
-"""transformers' reference for the tiny checkpoints: the model (fp32, cached per path), its router's top-k per
-MoE layer, greedy generation."""
+"""transformers' answers for the local checkpoints (the reference the engine's routed experts and greedy tokens
+are checked against): the model (fp32, cached per path), its router's top-k per MoE layer, greedy generation.
+Needs transformers (in every SGLang environment)."""
 _HF = {}
 
 
