@@ -1,7 +1,7 @@
 """Rollout-side view of a training config: which engines to start, where, with which budgets.
 
 The YAML is parsed and checked by `training_configs.schema.load_config`; this module only adds the
-rollout manager's derived objects (one `EngineSpec` per engine), the model-path check and the names
+rollout manager's derived objects (one `EngineSpec` per engine) and the names
 of the single-engine CPU configurations (`PRESETS`: `engine launch --config a|b|c`, tests, benchmarks).
 """
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from training_configs import schema
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
 from training_configs.server_args import engine_port
 
-__all__ = ["ConfigError", "EngineSpec", "PRESETS", "TrainingConfig", "engine_specs", "load", "preset_path",
-           "resolve_model"]
+__all__ = ["ConfigError", "EngineSpec", "PRESETS", "TrainingConfig", "engine_specs", "load", "preset_path"]
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(schema.__file__))
 # One engine of the tiny GLM-4.5 MoE on CPU each: name -> (file in training_configs/, what it runs)
@@ -65,28 +64,6 @@ def preset_path(name: str) -> str:
 def load(path) -> TrainingConfig:
     """Load and check a config file (or a preset name); raises ConfigError (one line) on any problem."""
     return load_config(preset_path(os.fspath(path)))
-
-
-Builder = Callable[..., str]  # build(name, folder, seed=N) -> folder of the built checkpoint
-
-
-def resolve_model(cfg: TrainingConfig, root: str = ".", build: Optional[Builder] = None) -> str:
-    """Absolute model path. When `model.build` names a builder, `build(name, path, seed=)` makes the checkpoint
-    (the CLI passes `rollout.models.build`); without one an unbuilt model is a one-line error."""
-    path = cfg.model.path
-    local = path if os.path.isabs(path) else os.path.join(root, path)
-    if cfg.model.build and build:
-        return build(cfg.model.build, local, seed=cfg.model.seed)
-    if cfg.model.build and not os.path.isfile(os.path.join(local, "config.json")):
-        where = os.path.basename(cfg.source) if cfg.source else cfg.name
-        raise ConfigError(f"{where}: model.path: {path!r} is not built yet (model.build {cfg.model.build}: "
-                          f"slime-moe-rollout engine build-model --path {local})")
-    if os.path.isdir(local):
-        return os.path.abspath(local)
-    if path.startswith((".", "/", "~")) or path.count("/") != 1:
-        where = os.path.basename(cfg.source) if cfg.source else cfg.name
-        raise ConfigError(f"{where}: model.path: {path!r} does not exist (and model.build is not set)")
-    return path  # "org/name": a hub id, SGLang resolves it
 
 
 def engine_specs(cfg: TrainingConfig, model_path: str, api_key: str | None = None,

@@ -88,11 +88,11 @@ def _verdict(capsys, records, fraction, written=2, lost=None):
 
     from rich.console import Console
 
-    from rollout.cli.run_report import Tally, verdict
+    from rollout.cli.run import Tally
 
     args = SimpleNamespace(max_failed_fraction=fraction, output="o.jsonl")
-    rc = verdict(Console(stderr=True), None, None, lost,
-                 Tally(**records), {"num_groups": 2, "run_id": "r"}, written, args, 0.0, 0.0)
+    rc = Tally(**records).verdict(Console(stderr=True), None, None, lost, {"num_groups": 2, "run_id": "r"}, written,
+                                  args, 0.0, 0.0)
     return rc, capsys.readouterr().err
 
 
@@ -102,7 +102,7 @@ def test_summary_counts_deaths_and_failed_restarts_of_the_fleet(capsys):
 
     from rich.console import Console
 
-    from rollout.cli.run_report import Tally, verdict
+    from rollout.cli.run import Tally
     from rollout.engines.fleet import ManagedFleet
     from rollout.manager import RolloutManager, RolloutOptions, RolloutResult
     from rollout.types import EngineEvent
@@ -112,8 +112,8 @@ def test_summary_counts_deaths_and_failed_restarts_of_the_fleet(capsys):
     fleet.restart_failures["tiny-0"] += 2
     mgr = RolloutManager(fleet, RolloutOptions({}, 1, 1))
     args = SimpleNamespace(max_failed_fraction=0.0, output="o.jsonl")
-    rc = verdict(Console(stderr=True, width=200), mgr, RolloutResult(delivered=2, wall_s=1.0),
-                 None, Tally(samples=2), {"num_groups": 2, "run_id": "r"}, 2, args, 0.0, 1.0)
+    rc = Tally(samples=2).verdict(Console(stderr=True, width=200), mgr, RolloutResult(delivered=2, wall_s=1.0),
+                                  None, {"num_groups": 2, "run_id": "r"}, 2, args, 0.0, 1.0)
     err = capsys.readouterr().err
     assert rc == 0 and "1 / 0 (2 failed restarts)" in err
 

@@ -80,7 +80,7 @@ models; `load_config` turns pydantic's first error into the one-line `ConfigErro
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -340,6 +340,23 @@ class TrainingConfig(_Model):
     @source.setter
     def source(self, path: str) -> None:
         self._source = path
+
+    def model_path(self, root: str = ".", build: Optional[Callable[..., str]] = None) -> str:
+        """Absolute model path. When `model.build` names a builder, `build(name, path, seed=)` makes the
+        checkpoint (the CLI passes `rollout.models.build`); without one an unbuilt model is a one-line error."""
+        path = self.model.path
+        local = path if os.path.isabs(path) else os.path.join(root, path)
+        where = os.path.basename(self.source) if self.source else self.name
+        if self.model.build and build:
+            return build(self.model.build, local, seed=self.model.seed)
+        if self.model.build and not os.path.isfile(os.path.join(local, "config.json")):
+            raise ConfigError(f"{where}: model.path: {path!r} is not built yet (model.build {self.model.build}: "
+                              f"slime-moe-rollout engine build-model --path {local})")
+        if os.path.isdir(local):
+            return os.path.abspath(local)
+        if path.startswith((".", "/", "~")) or path.count("/") != 1:
+            raise ConfigError(f"{where}: model.path: {path!r} does not exist (and model.build is not set)")
+        return path  # "org/name": a hub id, SGLang resolves it
 
     def group(self, name: str) -> EngineGroup:
         for g in self.engine_groups:

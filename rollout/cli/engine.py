@@ -62,12 +62,11 @@ def model_for(cfg, root: str = ".", variant: Optional[str] = None) -> str:
     """The config's model path, the tiny model built first when `model.build` asks for it. `variant`
     picks a tiny-model variant other than the config's (random) one, in its own default folder."""
     from rollout import models
-    from rollout.config import resolve_model
     from rollout.models.tiny import build_tiny_glm, default_path
 
     if variant not in (None, "random") and cfg.model.build == "tiny-glm45":
         return build_tiny_glm(default_path(variant), variant=variant, seed=cfg.model.seed)
-    return resolve_model(cfg, root, build=models.build)
+    return cfg.model_path(root, build=models.build)
 
 
 def _build(args) -> int:

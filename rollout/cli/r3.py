@@ -55,7 +55,7 @@ def main(args) -> int:
     if cfg:
         from rollout import models
         cfg.model.path = args.model or cfg.model.path
-        model_path = rconfig.resolve_model(cfg, build=models.build)  # model.build writes it there
+        model_path = cfg.model_path(build=models.build)  # model.build writes it there
     if model_path is None:
         raise CliError("r3 check: --model is required with --url or --samples")
     if not os.path.isfile(os.path.join(model_path, "config.json")):

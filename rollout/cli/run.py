@@ -19,9 +19,11 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from rollout.cli import port, positive_int
 from rollout.prompts import synthetic as prompts_for  # noqa: F401  (r3 and the benchmarks use it)
+from rollout.types import EngineEvent, SampleStatus
 
 
 def add_parser(sub) -> None:
@@ -88,7 +90,6 @@ def _vocab(cfg, model_path: str) -> int:
 def main(args) -> int:
     """Arguments, the run to write (new or resumed), config and model, then the rollout itself."""
     from rollout import group_log, models, prompts
-    from rollout.config import resolve_model
     from rollout.errors import CliError
     from training_configs.schema import load_config
 
@@ -99,7 +100,7 @@ def main(args) -> int:
         raise CliError(f"--output: directory {out_dir} does not exist")
     meta = _resumed_run(args) if args.resume else None
     cfg = load_config(args.config)
-    model_path = resolve_model(cfg, build=models.build)
+    model_path = cfg.model_path(build=models.build)
     if args.base_port is not None:
         cfg.rollout.base_port = args.base_port
     source = meta.get("prompts") if meta else prompts.describe(
@@ -162,7 +163,6 @@ def _backend(kind: str, log_dir: str, cfg=None):
 async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=None) -> int:
     """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
     from rollout.cli.console import progress_bar, start_failure, stderr_console
-    from rollout.cli.run_report import Tally, verdict
     from rollout.engines.base import EngineStartError
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.errors import EnginesLost
@@ -207,5 +207,73 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
             await stream.close()
             await consumer
             await mgr.stop()
-    return verdict(console, mgr, result, lost, tally, meta, len(done) + log.lines, args, t_ready,
-                   time.monotonic() - t0)
+    return tally.verdict(console, mgr, result, lost, meta, len(done) + log.lines, args, t_ready,
+                         time.monotonic() - t0)
+
+
+# ---------------------------------------------------------------- what `run` prints at the end, its exit status
+
+@dataclass
+class Tally:
+    """What the trainer-side consumer wrote, counted; `verdict` prints the summary table and any `error:` line,
+    and returns 1 when groups are missing, every engine was lost, or more than --max-failed-fraction failed."""
+    samples: int = 0
+    failed: int = 0
+    tokens: int = 0
+    per_engine: dict = field(default_factory=dict)   # engine -> samples finished there
+    reasons: dict = field(default_factory=dict)      # error text -> samples that failed with it
+
+    def add(self, group) -> None:
+        for s in group.samples:
+            self.samples += 1
+            self.tokens += len(s.response_ids)
+            if s.status is SampleStatus.FAILED:
+                self.failed += 1
+                self.reasons[s.error] = self.reasons.get(s.error, 0) + 1
+            self.per_engine[s.engine] = self.per_engine.get(s.engine, 0) + 1
+
+    def verdict(self, console, mgr, result, lost, meta: dict, written: int, args, t_ready: float,
+                wall: float) -> int:
+        """The summary, then the exit status: 1 when groups are missing or too many samples failed."""
+        from rollout.cli.console import say
+
+        n = meta["num_groups"]
+        if result is not None:
+            self._summary(console, mgr, result, n, written, t_ready, wall, args.output, meta["run_id"])
+        if lost is not None:
+            say(console, f"error: {lost}")
+        elif written < n:
+            say(console, f"error: {n - written} of {n} group(s) have no line in {args.output}")
+        frac = self.failed / max(self.samples, 1)
+        if self.failed and frac > args.max_failed_fraction:
+            reason, k = max(self.reasons.items(), key=lambda kv: kv[1])
+            say(console, f"error: {self.failed} of {self.samples} samples failed ({frac:.1%} > "
+                         f"--max-failed-fraction {args.max_failed_fraction:g}); most common: {reason} (x{k})")
+            return 1
+        if lost is not None or written < n:
+            say(console, f"continue with: slime-moe-rollout run --resume {args.output}")
+            return 1
+        return 0
+
+    def _summary(self, console, mgr, result, n, written, t_ready, wall, output, run_id) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"rollout summary (run {run_id})", show_header=False)
+        why = "; ".join(f"{r} (x{k})" for r, k in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:3])
+        rows = [
+            ("groups written", f"{written} / {n} ({result.delivered} in this run)"),
+            ("samples", f"{self.samples} ({self.failed} failed{': ' + why if why else ''})"),
+            ("response tokens", str(self.tokens)),
+            ("engines ready after", f"{t_ready:.1f} s"),
+            ("first group after", f"{result.first_group_s:.2f} s of rollout" if result.first_group_s else "-"),
+            ("rollout time", f"{result.wall_s:.2f} s ({self.tokens / max(result.wall_s, 1e-9):.1f} tokens/s)"),
+            ("re-sent requests", f"{result.resent} (+{result.unrouted_aborts} queued aborts resumed)"),
+            ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(self.per_engine.items())) or "-"),
+            ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
+                                         f" ({sum(mgr.source.restart_failures.values())} failed restarts)"),
+            ("total time", f"{wall:.1f} s"),
+            ("output", output),
+        ]
+        for k, v in rows:
+            t.add_row(k, v)
+        console.print(t)
