@@ -7,21 +7,21 @@ match (unreviewed version, or an unknown edit to a marker) means no hook at all 
 
 A fix module defines `FIX` (or `FIXES`) and its hooks, each `Hook` naming its target once. What a
 fix does on a variant is data: the variant's port table `sglang_patches/ports/<table>.py` holds
-`PORTS = {fix name: Port}` for both families. A `Port` pins hooks to the reviewed fingerprint of
-their targets, or is hook-less: upstream (SGLang fixed it: guard test), not-needed (the defect is
-there but no supported configuration reaches it: the reason and a test say why), absent (the
-defective code does not exist there). Tables reuse each other's Ports by reference wherever the
-hooked source is identical. A fix a table does not list is idle where its family is idle, and
-refused otherwise. Opt-in features (family "feature", `sglang_patches/features/`) are judged the same
-way; their Ports live in `sglang_patches/features/ports.py` and `table` merges them in.
+`PORTS = {fix name: entry}`, one line per fix of every family (opt-in features too), in 0.5.23's order.
+An entry is a `Port`, `same_as("<table>")` (that table's Port: the hooked source is identical there) or
+`NOT_PORTED`. A `Port` pins hooks to the reviewed fingerprint of their targets, or is hook-less:
+upstream (SGLang fixed it: guard test), not-needed (the defect is there but no supported configuration
+reaches it: the reason and a test say why), absent (the defective code does not exist there). A fix
+not ported is idle where its family is idle, and refused otherwise.
 
 Adding a variant (e.g. SGLang 0.5.24):
   1. `requirements/sglang-0.5.24.txt` (the wheel + the pins that differ from .venv), then
      `slime-moe-rollout patches review 0.5.24`: it builds `.venvs/sglang-0.5.24`, compares every
      hooked target's fingerprint with each table, runs the scenario list stock and with the nearest
      table's hooks, and prints a draft verdict per fix.
-  2. `sglang_patches/ports/v0_5_24.py`: reuse the Ports whose pins match; re-pin moved targets after
-     reading their new source (a new hook in the fix module only where the code moved).
+  2. `sglang_patches/ports/v0_5_24.py`: every fix by name; `same_as` for the Ports whose pins match;
+     re-pin moved targets after reading their new source (a new hook in the fix module only where the
+     code moved).
   3. `Variant("0.5.24", "0.5.24", "v0_5_24")` in VARIANTS; a driver in sglang_patches/scenarios/drivers.py
      only if a scenario's API differs; needles that differ in EXPECT_VARIANT (sglang_patches/scenarios/dp.py);
      the version in MATRIX_ENVS (Makefile).
@@ -57,8 +57,6 @@ FIX_MODULES = (
     "sglang_patches.cpu.graphs",
     "sglang_patches.features.routed_experts_wire",
 )
-# Feature pins live apart from the fix tables: {table name: {feature name: Port}}, merged by `table`.
-FEATURE_PORTS = "sglang_patches.features.ports"
 MODEL_RUNNER_FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 HOOKLESS_STATES = (FixState.UPSTREAM, FixState.NOT_NEEDED, FixState.ABSENT)
 
@@ -121,11 +119,55 @@ class Port:
         return {h.target: d for h, d in self.pins.items()}
 
 
+@dataclass(frozen=True)
+class SameAs:
+    """A table entry that is another table's Port for the same fix (the hooked source is identical there)."""
+
+    table: str  # a port table module, e.g. "v0_5_23"
+
+
+def same_as(table_name: str) -> SameAs:
+    return SameAs(table_name)
+
+
+NOT_PORTED = "not ported"  # a table entry: no Port on this variant (idle where its family is, else refused)
+
+
+class PortTableError(ValueError):
+    """A port table entry that does not resolve to a Port: one line naming the table and the fix."""
+
+
+def _entries(name: str) -> dict:
+    try:
+        return importlib.import_module(f"sglang_patches.ports.{name}").PORTS
+    except ModuleNotFoundError as e:
+        if e.name != f"sglang_patches.ports.{name}":
+            raise
+        raise PortTableError(f"no port table {name}") from None
+
+
 @lru_cache(maxsize=None)
 def table(name: str) -> dict:
-    """The port table `sglang_patches/ports/<name>.py` plus the features' pins for it: {name: Port}."""
-    features = importlib.import_module(FEATURE_PORTS).PORTS.get(name, {})
-    return {**importlib.import_module(f"sglang_patches.ports.{name}").PORTS, **features}
+    """The port table `sglang_patches/ports/<name>.py` resolved: {fix name: Port}, without the fixes not
+    ported. A `same_as` must name a table whose own entry for that fix is a Port."""
+    ports = {}
+    for fix, entry in _entries(name).items():
+        if isinstance(entry, SameAs):
+            where = f"ports/{name}.py: {fix} is same_as({entry.table!r})"
+            try:
+                target = _entries(entry.table).get(fix, NOT_PORTED)
+            except PortTableError:
+                raise PortTableError(f"{where}: no such table") from None
+            if isinstance(target, SameAs):
+                raise PortTableError(f"{where}, which is itself same_as({target.table!r})")
+            if not isinstance(target, Port):
+                raise PortTableError(f"{where}, which does not port it")
+            entry = target
+        if isinstance(entry, Port):
+            ports[fix] = entry
+        elif entry != NOT_PORTED:
+            raise PortTableError(f"ports/{name}.py: {fix} is {entry!r}, not a Port, same_as or NOT_PORTED")
+    return ports
 
 
 @dataclass(frozen=True)

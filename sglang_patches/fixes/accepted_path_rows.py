@@ -13,14 +13,9 @@ the flags are given, and inside the engine `refuse_tree_capture` (called by rout
 """
 import logging
 
-from sglang_patches.registry import Fix, Port
-from sglang_patches.states import FixState
+from sglang_patches.registry import Fix
 
 TEST = "tests/test_next_defects_sglang.py::test_accepted_path_rows_not_reached"
-NOT_REACHED = Port(state=FixState.NOT_NEEDED, test=TEST, reason=(
-    "top-k > 1 captures tree rows that the accepted-path KV move leaves behind, but no supported config "
-    "reaches it: routed experts with speculative decoding use eagle_topk 1; config check and the engine "
-    "(routed-experts-rows' capturer hook) refuse top-k > 1 with routed experts"))
 REFUSAL = ("slime-moe-rollout: routed-expert capture refused: speculative {what} moves the accepted path's KV but "
            "not its routed-expert rows (sglang#37949); use EAGLE with speculative_eagle_topk 1")
 logger = logging.getLogger("slime_moe_rollout")

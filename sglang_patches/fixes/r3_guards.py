@@ -9,9 +9,6 @@ captures cannot reach a request).
 """
 from sglang_patches.registry import Fix
 
-PADDING_ROWS = ("captured before the padded-region mask, but padded rows are stored to the reserved KV slot 0, "
-                "which no request's req_to_token holds")
-
 FIXES = [
     Fix(
         name="padding-rows-capture",

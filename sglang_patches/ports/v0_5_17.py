@@ -7,16 +7,41 @@ CPU family: `moe_forward_native` moved (not ported: a CPU engine with EP refuses
 """
 from sglang_patches.fixes import (draft_extend_real_rows as de, draft_token_count as dtc, routed_experts_rows as rer,
                                   verify_padding_lcm as vpl)
-from sglang_patches.registry import Port
+from sglang_patches.registry import NOT_PORTED, Port, same_as
 
-from . import v0_5_15, v0_5_16
+from . import FIX_TEST
 
-FIX_TEST = v0_5_15.FIX_TEST
-CPU_NOT_PORTED = ("cpu-ep-native-moe",)
 PORTS = {
-    **{name: port for name, port in v0_5_16.PORTS.items() if name not in CPU_NOT_PORTED},
+    "capturer-extent": same_as("v0_5_15"),
     "routed-experts-rows": Port({rer.GROW_PUBLISHED_ARGS: "957a611caa58a06a"}, test=FIX_TEST),
     "draft-extend-real-rows": Port({de.PLANNED_ROWS: "eac55d011907e247"}, test=FIX_TEST),
     "verify-padding-lcm": Port({vpl.ALIGN: "ab51259e5e4bafbb"}, test=FIX_TEST),
+    "capture-snapshot": same_as("v0_5_15"),
+    "dp-buffer-sizing": same_as("v0_5_15"),
+    "verify-logits-truncation": same_as("v0_5_15"),
+    "heartbeat-reset": same_as("v0_5_15"),
+    "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT: "c47ef29026e9130f"}, test=FIX_TEST),
+    "accepted-path-rows": same_as("v0_5_23"),
+    "retraction-rows": same_as("v0_5_16"),
+    # CPU family
+    "cpu-host-register": same_as("v0_5_15"),
+    "cpu-cuda-synchronize": same_as("v0_5_23"),
+    "cpu-eagle-attn-backend": same_as("v0_5_15"),
+    "cpu-torch-native-fill": same_as("v0_5_23"),
+    "cpu-ep-native-moe": NOT_PORTED,
+    "cpu-gloo-scatter-gather": same_as("v0_5_15"),
+    "cpu-gloo-stacked-allgather": same_as("v0_5_15"),
+    "cpu-thread-binding": same_as("v0_5_16"),
+    "cpu-dp-controller-idle": same_as("v0_5_15"),
+    # CPU graph replay
+    "cpu-graphs-config": NOT_PORTED,
+    "cpu-graphs-decode-runner": NOT_PORTED,
+    "cpu-graphs-replay-backend": NOT_PORTED,
+    "cpu-graphs-attn-backend": NOT_PORTED,
+    "cpu-graphs-pynccl-state": NOT_PORTED,
+    "cpu-graphs-dp-memcpy": NOT_PORTED,
+    "cpu-graphs-mlp-sync-pin": NOT_PORTED,
+    # opt-in feature
+    "compact-routed-experts": same_as("v0_5_16"),
 }

@@ -6,16 +6,42 @@ no longer imports `get_server_args`: the config-bag hook (DP width `get_parallel
 """
 from sglang_patches.fixes import draft_token_count as dtc, routed_experts_rows as rer
 from sglang_patches.fixes import retraction_rows as rr
-from sglang_patches.registry import Port
+from sglang_patches.registry import NOT_PORTED, Port, same_as
 
-from . import v0_5_15, v0_5_17, v0_5_19
+from . import FIX_TEST
 
 PORTS = {
-    **v0_5_17.PORTS,
-    "capturer-extent": v0_5_19.PORTS["capturer-extent"],
-    "routed-experts-rows": Port({rer.GROW_DP_SIZE: "957a611caa58a06a"}, test=v0_5_15.FIX_TEST),
-    "capture-snapshot": v0_5_19.SNAPSHOT_UPSTREAM,
-    "draft-token-count": Port({dtc.COUNT: "9a0c4387d3e0006f"}, test=v0_5_15.FIX_TEST),
+    "capturer-extent": same_as("v0_5_19"),
+    "routed-experts-rows": Port({rer.GROW_DP_SIZE: "957a611caa58a06a"}, test=FIX_TEST),
+    "draft-extend-real-rows": same_as("v0_5_17"),
+    "verify-padding-lcm": same_as("v0_5_17"),
+    "capture-snapshot": same_as("v0_5_19"),
+    "dp-buffer-sizing": same_as("v0_5_15"),
+    "verify-logits-truncation": same_as("v0_5_15"),
+    "heartbeat-reset": same_as("v0_5_15"),
+    "padding-rows-capture": same_as("v0_5_23"),
+    "draft-token-count": Port({dtc.COUNT: "9a0c4387d3e0006f"}, test=FIX_TEST),
+    "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "caff2168f6734304", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "ddde0e6b71c3e1cd"}),
+    # CPU family
+    "cpu-host-register": same_as("v0_5_15"),
+    "cpu-cuda-synchronize": same_as("v0_5_23"),
+    "cpu-eagle-attn-backend": same_as("v0_5_15"),
+    "cpu-torch-native-fill": same_as("v0_5_23"),
+    "cpu-ep-native-moe": NOT_PORTED,
+    "cpu-gloo-scatter-gather": same_as("v0_5_15"),
+    "cpu-gloo-stacked-allgather": same_as("v0_5_15"),
+    "cpu-thread-binding": same_as("v0_5_16"),
+    "cpu-dp-controller-idle": same_as("v0_5_15"),
+    # CPU graph replay
+    "cpu-graphs-config": NOT_PORTED,
+    "cpu-graphs-decode-runner": NOT_PORTED,
+    "cpu-graphs-replay-backend": NOT_PORTED,
+    "cpu-graphs-attn-backend": NOT_PORTED,
+    "cpu-graphs-pynccl-state": NOT_PORTED,
+    "cpu-graphs-dp-memcpy": NOT_PORTED,
+    "cpu-graphs-mlp-sync-pin": NOT_PORTED,
+    # opt-in feature
+    "compact-routed-experts": same_as("v0_5_16"),
 }

@@ -2,20 +2,45 @@
 
 0.5.23's `on_forward_end` and capturer `__init__` (its hooks and pins); 0.5.21's `prepare_mlp_sync_batch`;
 no real-rows path for padded extends yet (draft extend hooked on `RadixAttention.forward`). Its DP
-controller process loads plugins: cpu-dp-controller-idle as on 0.5.23.
+controller process loads plugins: cpu-dp-controller-idle as on 0.5.23. Otherwise 0.5.21's sources.
 """
 from sglang_patches.fixes import capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc
-from sglang_patches.registry import Port
+from sglang_patches.registry import NOT_PORTED, Port, same_as
 
-from . import v0_5_15, v0_5_21, v0_5_23
+from . import FIX_TEST
 
 PORTS = {
-    **v0_5_21.PORTS,
     "capturer-extent": Port({ce.RECORD_EXTENT: "d51386f193d20925", ce.EXECUTED_EXTENT: "e289e633c1082b48"},
-                            test=v0_5_15.FIX_TEST),
-    "routed-experts-rows": v0_5_23.PORTS["routed-experts-rows"],
-    "draft-extend-real-rows": Port({de.PLANNED_ROWS: "3b3d211412fd8c82"}, test=v0_5_15.FIX_TEST),
-    "cpu-dp-controller-idle": v0_5_23.PORTS["cpu-dp-controller-idle"],
-    "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=v0_5_15.FIX_TEST),
-    "retraction-rows": v0_5_23.PORTS["retraction-rows"],
+                            test=FIX_TEST),
+    "routed-experts-rows": same_as("v0_5_23"),
+    "draft-extend-real-rows": Port({de.PLANNED_ROWS: "3b3d211412fd8c82"}, test=FIX_TEST),
+    "verify-padding-lcm": same_as("v0_5_21"),
+    "capture-snapshot": same_as("v0_5_19"),
+    "dp-buffer-sizing": same_as("v0_5_21"),
+    "verify-logits-truncation": same_as("v0_5_15"),
+    "heartbeat-reset": same_as("v0_5_15"),
+    "padding-rows-capture": same_as("v0_5_23"),
+    "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=FIX_TEST),
+    "accepted-path-rows": same_as("v0_5_23"),
+    "retraction-rows": same_as("v0_5_23"),
+    # CPU family
+    "cpu-host-register": same_as("v0_5_23"),
+    "cpu-cuda-synchronize": same_as("v0_5_23"),
+    "cpu-eagle-attn-backend": same_as("v0_5_23"),
+    "cpu-torch-native-fill": same_as("v0_5_23"),
+    "cpu-ep-native-moe": same_as("v0_5_23"),
+    "cpu-gloo-scatter-gather": same_as("v0_5_23"),
+    "cpu-gloo-stacked-allgather": NOT_PORTED,
+    "cpu-thread-binding": same_as("v0_5_23"),
+    "cpu-dp-controller-idle": same_as("v0_5_23"),
+    # CPU graph replay
+    "cpu-graphs-config": NOT_PORTED,
+    "cpu-graphs-decode-runner": NOT_PORTED,
+    "cpu-graphs-replay-backend": NOT_PORTED,
+    "cpu-graphs-attn-backend": NOT_PORTED,
+    "cpu-graphs-pynccl-state": NOT_PORTED,
+    "cpu-graphs-dp-memcpy": NOT_PORTED,
+    "cpu-graphs-mlp-sync-pin": NOT_PORTED,
+    # opt-in feature
+    "compact-routed-experts": same_as("v0_5_23"),
 }

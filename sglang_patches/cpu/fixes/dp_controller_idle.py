@@ -20,7 +20,6 @@ from . import cpu_idle_reason
 TARGET = "sglang.srt.managers.data_parallel_controller.DataParallelController.event_loop"
 CONTROLLER_PROCESS = "sglang.srt.managers.data_parallel_controller.run_data_parallel_controller_process"
 POLL_MS = 1000  # SGLang's IdleSleeper.maybe_sleep waits as long
-EVENT_LOOP_PIN = "bc008a8481258e79"  # the same source on 0.5.23, 0.5.16 and 0.5.15.post1 (+slime)
 TEST = "tests/test_cpu_fixes.py::test_fix_needed_and_effective[cpu-dp-controller-idle]"
 
 
