@@ -8,8 +8,8 @@ match (unreviewed version, or an unknown edit to a marker) means no hook at all 
 A fix module defines `FIX` (or `FIXES`) and its hooks, each `Hook` naming its target once. What a
 fix does on a variant is data: the variant's port table `sglang_patches/ports/<table>.py` holds
 `PORTS = {fix name: entry}`, one line per fix of every family (opt-in features too), in 0.5.23's order.
-An entry is a `Port`, `same_as("<table>")` (that table's Port: the hooked source is identical there) or
-`NOT_PORTED`. A `Port` pins hooks to the reviewed fingerprint of their targets, or is hook-less:
+An entry is a `Port`, `same_as("<table>")` (that table's own Port: the hooked source is identical there;
+no reference to a reference) or `NOT_PORTED`; `table` resolves them, a bad reference is a one-line error. A `Port` pins hooks to the reviewed fingerprint of their targets, or is hook-less:
 upstream (SGLang fixed it: guard test), not-needed (the defect is there but no supported configuration
 reaches it: the reason and a test say why), absent (the defective code does not exist there). A fix
 not ported is idle where its family is idle, and refused otherwise.
