@@ -14,6 +14,7 @@ waiting will not fix it), `EngineRejected` (any other status but 200, with `stat
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Optional
 
@@ -26,6 +27,17 @@ CONNECT_S = 10.0
 CONTROL_S = 10.0       # status, info, abort, pause/continue, flush
 WEIGHTS_S = 600.0      # a weight update from disk
 GENERATE_S = 3600.0    # one generation (a long response on a loaded engine)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(total_s: float) -> aiohttp.ClientTimeout:
+    """One timeout object per duration (built once: the hot path sends thousands of requests a second)."""
+    return aiohttp.ClientTimeout(total=max(0.1, total_s), sock_connect=CONNECT_S)
+
+
+@functools.lru_cache(maxsize=256)
+def _headers(api_key: Optional[str]) -> dict:
+    return auth_headers(api_key)
 
 
 class EngineClient:
@@ -58,10 +70,9 @@ class EngineClient:
     async def call(self, engine, method: str, path: str, *, json_body=None, params=None,
                    timeout_s: float = CONTROL_S, as_json: bool = True):
         """One request; the answer's JSON (or text with `as_json=False`) when it is 200, else a typed error."""
-        timeout = aiohttp.ClientTimeout(total=max(0.1, timeout_s), sock_connect=CONNECT_S)
         try:
             async with self._open().request(method, engine.url + path, json=json_body, params=params,
-                                            headers=auth_headers(engine.api_key), timeout=timeout) as r:
+                                            headers=_headers(engine.api_key), timeout=_timeout(timeout_s)) as r:
                 status, raw = r.status, await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise EngineUnreachable(engine.name, path, e) from None
