@@ -5,11 +5,15 @@
 #
 # SLIME_SRC: a THUDM/slime checkout (tested: 624b824). SLIME_PYTHON (default /tmp/venv-slime/bin/python):
 # a Python whose SGLang slime supports (0.5.15.post1: slime's _compute_server_args needs a dataclass
-# ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router); e.g. a venv whose .pth
-# files put `pip install --no-deps --target DIR sglang==0.5.15.post1 transformers==5.12.1
-# tokenizers==0.22.2 pylatexenc sglang-router==0.3.2` before this project's venv. wandb, which slime only
-# imports, is replaced by a clearly named stub when missing. `serve` and its engines run from this
-# project's venv, or with --engine-env ENV from that environment of another reviewed SGLang version
+# ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router), e.g. built as
+#   python3.11 -m venv --without-pip /tmp/venv-slime; D=/tmp/venv-slime/client-deps
+#   .venv/bin/python -m pip install --no-deps --target $D sglang==0.5.15.post1 transformers==5.12.1 \
+#     tokenizers==0.22.2 pylatexenc sglang-router==0.3.2
+#   SP=/tmp/venv-slime/lib/python3.11/site-packages; echo $D > $SP/00_client_deps.pth
+#   echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" > $SP/zz_project.pth
+# (.pth files load in name order: the pinned packages win over this project's venv, whose own .pth
+# files addsitedir runs). wandb, which slime only imports, is replaced by a clearly named stub when
+# missing. `serve` and its engines run from this project's venv, or with --engine-env ENV from that environment of another reviewed SGLang version
 # (ENV/bin/python; scripts/setup_sglang_env.sh VERSION builds .venvs/sglang-VERSION), so the same checks
 # run against engines of each version. The script holds $ENGINE_LOCK (/tmp/engine.lock) while engines
 # run; ENGINE_LOCK= (empty) when the caller holds it already.
