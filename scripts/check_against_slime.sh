@@ -15,8 +15,8 @@
 # files addsitedir runs). wandb, which slime only imports, is replaced by a clearly named stub when
 # missing. `serve` and its engines run from this project's venv, or with --engine-env ENV from that
 # environment of another reviewed SGLang version (ENV/bin/python; scripts/setup_sglang_env.sh VERSION
-# builds .venvs/sglang-VERSION), so the same checks run against engines of each version. The script holds $ENGINE_LOCK (/tmp/engine.lock) while engines
-# run; ENGINE_LOCK= (empty) when the caller holds it already.
+# builds .venvs/sglang-VERSION), so the same checks run against engines of each version. The script
+# holds $ENGINE_LOCK (/tmp/engine.lock) while engines run; ENGINE_LOCK= (empty) when the caller holds it.
 set -euo pipefail
 USAGE="usage: scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC"
 ENGINE_PYTHON=${ENGINE_PYTHON:-}
