@@ -73,7 +73,7 @@ while [ ! -s "$WORK/addrs" ]; do
 done
 ADDRS=$(head -1 "$WORK/addrs")
 grep -E '^(ready|WARNING)' "$WORK/serve.err" || true
-MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.resolve_model(c.load('$CONFIG'), build=False))")
+MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.load('$CONFIG').model_path())")
 timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS \
   2>"$WORK/client.err" > "$WORK/client.out" || rc=$?
 grep -E '^\[(ok|FAILED|GAP)\]' "$WORK/client.out" || true     # slime's router logs to stdout too
