@@ -52,7 +52,9 @@ if ! PYTHONPATH="$SLIME_SRC" "$SLIME_PYTHON" -c "import wandb" 2>/dev/null; then
     > "$STUBS/wandb/__init__.py"
 fi
 export PYTHONPATH="$ROOT:$ROOT/scripts:$SLIME_SRC:$STUBS"
-"$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null
+"$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null \
+  || { echo "error: SLIME_PYTHON $SLIME_PYTHON cannot import sglang and slime" \
+            "(this script's header says how to build it)" >&2; exit 2; }
 
 ENGINE_SGLANG=$(cd / && PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c 'import sglang; print(sglang.__version__)' 2>&1 | tail -1)
 echo "serve: $CONFIG (engines: SGLang $ENGINE_SGLANG from $ENGINE_PYTHON)"

@@ -48,3 +48,12 @@ def test_the_driver_gets_the_config_its_model_path_and_serves_addresses(tmp_path
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"[ok] driver: {config} {model} 127.0.0.1:1 127.0.0.1:2\n" in p.stdout, p.stdout
     assert "all slime checks passed against 127.0.0.1:1 127.0.0.1:2" in p.stdout
+
+
+def test_a_slime_python_without_slime_is_named_in_one_line(tmp_path):
+    (tmp_path / "slime" / "slime").mkdir(parents=True)
+    env = dict(os.environ, ENGINE_LOCK="", SLIME_PYTHON=_exe(tmp_path / "python", "#!/bin/sh\nexit 1\n"))
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "check_against_slime.sh"), str(tmp_path / "slime")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr == (f"error: SLIME_PYTHON {tmp_path / 'python'} cannot import sglang and "
+                                              "slime (this script's header says how to build it)\n"), p.stderr
