@@ -12,6 +12,7 @@ scripts/check_against_slime.sh; run with a Python whose SGLang slime supports, s
    must carry routed experts, pass slime's conversion (R3 validation) and slime's replay preparation
    (`prepare_routed_experts_for_routing_replay`, megatron-core on gloo, in a subprocess), and equal
    transformers' router top-k on the same tokens; the engines must have sent compact routed experts;
+   every group must have run on one (engine, DP rank) (group placement, the manager's default);
    then again with SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1: slime holds compact uint8 tensors, its own
    validation and replay preparation (with `rollout.routed_experts.slime_compact.install`) pass; each
    rollout step's peak host memory (slime's own vs the adapter's, same engines) is printed;
@@ -248,7 +249,11 @@ def main(config, model_path, addrs):
         compact = res.metrics.get("rollout/compact_routed_engines")
         if args.use_rollout_routing_replay and compact != len(infos):
             raise AssertionError(f"compact routed experts on {compact} of {len(infos)} engines (plugin feature off?)")
-        return f"{line}; compact wire on {compact} engine(s)"
+        placed, groups = res.metrics.get("rollout/groups_on_one_rank"), res.metrics["rollout/groups"]
+        if placed != groups:
+            raise AssertionError(f"{placed} of {groups} groups on one (engine, DP rank) (group placement off?)")
+        return f"{line}; compact wire on {compact} engine(s); group placement: {placed} of {groups} groups on one " \
+               "(engine, DP rank)"
     step("rollout.slime.generate_rollout -> the workers slime's router lists (plugin mode), slime's conversion "
          "+ R3 validation", plugin)
     step("rollout step's peak host memory over its start (VmHWM), same engines",

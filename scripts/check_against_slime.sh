@@ -5,14 +5,18 @@
 #
 # SLIME_SRC: a THUDM/slime checkout (tested: 624b824). SLIME_PYTHON (default /tmp/venv-slime/bin/python):
 # a Python whose SGLang slime supports (0.5.15.post1: slime's _compute_server_args needs a dataclass
-# ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router); e.g. a venv whose .pth
-# files put `pip install --no-deps --target DIR sglang==0.5.15.post1 transformers==5.12.1
-# tokenizers==0.22.2 pylatexenc sglang-router==0.3.2` before this project's venv. wandb, which slime only
-# imports, is replaced by a clearly named stub when missing. `serve` and its engines run from this
-# project's venv, or with --engine-env ENV from that environment of another reviewed SGLang version
-# (ENV/bin/python; scripts/setup_sglang_env.sh VERSION builds .venvs/sglang-VERSION), so the same checks
-# run against engines of each version. The script holds $ENGINE_LOCK (/tmp/engine.lock) while engines
-# run; ENGINE_LOCK= (empty) when the caller holds it already.
+# ServerArgs) with slime's client deps (ray, httpx, pylatexenc, sglang-router), e.g. built as
+#   python3.11 -m venv --without-pip /tmp/venv-slime; D=/tmp/venv-slime/client-deps
+#   .venv/bin/python -m pip install --no-deps --target $D sglang==0.5.15.post1 transformers==5.12.1 \
+#     tokenizers==0.22.2 pylatexenc sglang-router==0.3.2
+#   SP=/tmp/venv-slime/lib/python3.11/site-packages; echo $D > $SP/00_client_deps.pth
+#   echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" > $SP/zz_project.pth
+# (.pth files load in name order: the pinned packages win over this project's venv, whose own .pth
+# files addsitedir runs). wandb, which slime only imports, is replaced by a clearly named stub when
+# missing. `serve` and its engines run from this project's venv, or with --engine-env ENV from that
+# environment of another reviewed SGLang version (ENV/bin/python; scripts/setup_sglang_env.sh VERSION
+# builds .venvs/sglang-VERSION), so the same checks run against engines of each version. The script
+# holds $ENGINE_LOCK (/tmp/engine.lock) while engines run; ENGINE_LOCK= (empty) when the caller holds it.
 set -euo pipefail
 USAGE="usage: scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC"
 ENGINE_PYTHON=${ENGINE_PYTHON:-}
@@ -48,7 +52,9 @@ if ! PYTHONPATH="$SLIME_SRC" "$SLIME_PYTHON" -c "import wandb" 2>/dev/null; then
     > "$STUBS/wandb/__init__.py"
 fi
 export PYTHONPATH="$ROOT:$ROOT/scripts:$SLIME_SRC:$STUBS"
-"$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null
+"$SLIME_PYTHON" -c "import sglang, slime.ray.rollout; print('slime client: SGLang', sglang.__version__)" 2>/dev/null \
+  || { echo "error: SLIME_PYTHON $SLIME_PYTHON cannot import sglang and slime" \
+            "(this script's header says how to build it)" >&2; exit 2; }
 
 ENGINE_SGLANG=$(cd / && PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c 'import sglang; print(sglang.__version__)' 2>&1 | tail -1)
 echo "serve: $CONFIG (engines: SGLang $ENGINE_SGLANG from $ENGINE_PYTHON)"
@@ -69,7 +75,7 @@ while [ ! -s "$WORK/addrs" ]; do
 done
 ADDRS=$(head -1 "$WORK/addrs")
 grep -E '^(ready|WARNING)' "$WORK/serve.err" || true
-MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.resolve_model(c.load('$CONFIG'), build=False))")
+MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.load('$CONFIG').model_path())")
 timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS \
   2>"$WORK/client.err" > "$WORK/client.out" || rc=$?
 grep -E '^\[(ok|FAILED|GAP)\]' "$WORK/client.out" || true     # slime's router logs to stdout too

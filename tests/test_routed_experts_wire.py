@@ -171,7 +171,7 @@ def test_slime_compact_expands_and_refuses_unreviewed_slime(monkeypatch, capsys,
     (tmp_path / "slime_rollout_changed.py").write_text(
         "def validate_rollout_routed_experts_for_replay(routed_experts, args):\n    return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(sc, "ROLLOUT", "slime_rollout_changed")
+    monkeypatch.setattr(sc, "ROLLOUT_DATA", "slime_rollout_changed")   # where slime defines it
     assert sc.install_rollout_side() is False
     import slime_rollout_changed
     assert not hasattr(slime_rollout_changed.validate_rollout_routed_experts_for_replay, "__wrapped__")

@@ -208,7 +208,7 @@ def test_generate_rollout_returns_slime_groups(router):
     for r in router.worker.requests:
         assert r["sampling_params"] == SLIME_SAMPLING and r["return_logprob"] is True
         assert r["return_routed_experts"] is True
-    assert out.metrics["rollout/groups"] == 3
+    assert out.metrics["rollout/groups"] == out.metrics["rollout/groups_on_one_rank"] == 3
     assert router.requests == []   # the router only said who its workers are
 
 
@@ -239,6 +239,26 @@ def test_workers_are_relisted_every_step():
     finally:
         slime_adapter.reset()
         for srv in (router, w1, w2, w3):
+            srv.stop()
+
+
+def test_each_group_runs_on_one_worker_and_the_step_says_so():
+    """Plugin mode has group placement (the manager's default): both samples of a group go to one worker,
+    after its prompt's primer there; `rollout/groups_on_one_rank` counts such groups (slime logs it)."""
+    w1, w2 = StandInWorker().start(), StandInWorker().start()
+    router = StandInRouter([(w1.url, "regular"), (w2.url, "regular")]).start()
+    prompts = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    try:
+        slime_adapter.reset()
+        out = _worker_rollout(router, 0, prompts)
+        where = {tuple(p): {i for i, w in enumerate((w1, w2)) for r in w.requests if r["input_ids"] == p}
+                 for p in prompts}   # prompt -> the workers its samples went to
+        assert all(len(ws) == 1 for ws in where.values()) and w1.requests and w2.requests, where
+        assert sorted(tuple(b["input_ids"]) for w in (w1, w2) for b in w.primers) == sorted(map(tuple, prompts))
+        assert out.metrics["rollout/groups_on_one_rank"] == len(prompts)
+    finally:
+        slime_adapter.reset()
+        for srv in (router, w1, w2):
             srv.stop()
 
 

@@ -94,6 +94,21 @@ def test_replay_preparation(router, tmp_path):
     assert res["shape"] == [rows, 3, 4] and res["equal_to_captured"] is True
 
 
+def test_compact_until_replay_passes_slimes_own_validation(router, monkeypatch, capsys):
+    """SLIME_MOE_ROLLOUT_COMPACT_TRAINER=1: the rollout-side wrapper goes around slime's own R3 validation
+    (defined in slime.observability.rollout_data_utils, called by name from slime.ray.rollout), so slime
+    holds compact uint8 tensors and its conversion validates each sample expanded."""
+    r = _slime_rollout_module()
+    from rollout.routed_experts import slime_compact
+    monkeypatch.setenv(slime_compact.ENV, "1")
+    args, out = _rollout(router.port)
+    err = capsys.readouterr().err
+    assert "routed experts handed to slime as int32" not in err, err
+    train = _train_data(r, args, out)
+    assert {str(x.dtype) for x in train["rollout_routed_experts"]} == {"torch.uint8"}
+    assert all(x.shape[1] == 2 * 4 for x in train["rollout_routed_experts"])   # 2 MoE layers x top-4
+
+
 def test_sample_hooks_and_dynamic_filter_are_slimes(router, monkeypatch):
     from slime.rollout.sample_hooks import set_current_rollout_id
     set_current_rollout_id(7)

@@ -8,9 +8,9 @@ puts stay compact. 2-D on purpose: a trainer without the trainer-side wrapper fa
 wrappers, no slime code copied, each refusing (stderr, nothing changed) when slime's source differs from
 the reviewed one:
 
-- rollout side (installed by the adapter): ``validate_rollout_routed_experts_for_replay`` as bound in
-  ``slime.ray.rollout`` runs slime's own validation on each sample expanded to slime's int32 shape, one
-  sample at a time;
+- rollout side (installed by the adapter): ``validate_rollout_routed_experts_for_replay`` (defined in
+  ``slime.observability.rollout_data_utils``, imported by name into ``slime.ray.rollout``, wrapped in
+  both) runs slime's own validation on each sample expanded to slime's int32 shape, one sample at a time;
 - trainer side (``--custom-megatron-init-path rollout.routed_experts.slime_compact.install``, also
   callable from your own init after ``slime_replay_padding.install``, in either order):
   ``prepare_routed_experts_for_routing_replay`` gets each compact sample of the microbatch expanded
@@ -32,6 +32,7 @@ from .layout import MoELayout
 
 ENV = "SLIME_MOE_ROLLOUT_COMPACT_TRAINER"
 ROLLOUT = "slime.ray.rollout"
+ROLLOUT_DATA = "slime.observability.rollout_data_utils"
 CP_UTILS = "slime.backends.megatron_utils.cp_utils"
 ACTOR = "slime.backends.megatron_utils.actor"
 VALIDATE_FN = "validate_rollout_routed_experts_for_replay"
@@ -94,7 +95,7 @@ def _validate(original, routed_experts, args):
 
 def install_rollout_side() -> bool:
     """Wrap slime's R3 validation where its rollout manager calls it. True when in place."""
-    return _wrap(f"{ROLLOUT}.{VALIDATE_FN}", _validate)
+    return _wrap(f"{ROLLOUT_DATA}.{VALIDATE_FN}", _validate, rebind=(ROLLOUT,))   # its manager imported the name
 
 
 def install(args) -> bool:

@@ -215,6 +215,7 @@ class _Sink:
         self.seen: set = set()
         self.filter = _Filter(args)
         self.started = 0   # slime's remaining_batch_size: groups submitted minus groups dropped
+        self.on_one_rank = 0   # kept groups whose every attempt ran on one placed (engine, DP rank)
 
     async def put(self, group) -> bool:
         if group.group_id in self.seen:
@@ -231,6 +232,8 @@ class _Sink:
             self.started -= 1
             return False
         self.groups.append(slime_group)
+        seats = {(e, s.dp_rank) for s in group.samples for e in s.engines}
+        self.on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
         return True
 
 
@@ -286,7 +289,8 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
                     "rollout/first_group_s": results[0].first_group_s if results else None,
                     "rollout/wall_s": sum(r.wall_s for r in results),
                     "rollout/compact_routed_engines": sum(f.endswith(": compact")
-                                                              for f in getattr(backend, "routed_formats", {}).values())})
+                                                              for f in getattr(backend, "routed_formats", {}).values()),
+                    "rollout/groups_on_one_rank": sink.on_one_rank})
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
