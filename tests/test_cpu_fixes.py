@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -311,17 +312,19 @@ def test_dp_controller_idle_unreachable_on_older_variants():
     from sglang_patches.registry import VARIANTS, table
 
     pythons = {v.name: sys.executable if v.name == "0.5.23" else env_python(v.name) for v in VARIANTS}
-    seen = {}
-    for variant, py in pythons.items():
-        if not os.path.exists(py):
-            continue
-        env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=ROOT)
-        env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", PYTHONPATH=ROOT)
+    env.pop("SLIME_MOE_ROLLOUT_DISABLE", None)
+
+    def probe(item):
+        variant, py = item
         r = subprocess.run([str(py), "-c", GUARD_PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
                            timeout=240)
         line = [x for x in r.stdout.splitlines() if x.startswith("GUARD ")]
         assert line, f"{variant}: guard probe failed:\n{r.stderr[-2000:]}"
-        seen[variant] = json.loads(line[0].split(" ", 1)[1])
+        return variant, json.loads(line[0].split(" ", 1)[1])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:   # two releases at a time: one SGLang import each
+        seen = dict(pool.map(probe, [(v, py) for v, py in pythons.items() if os.path.exists(py)]))
     for variant, got in seen.items():
         state = table(next(v.table for v in VARIANTS if v.name == variant))[d.FIX.name].state.value
         assert got == {"variant": variant, "event_loop": EVENT_LOOP, "loads_plugins": state == "active",

@@ -248,7 +248,7 @@ def test_dp_memcpy_on_0_5_15():
     """0.5.15.post1: DP attention's row copy is a Triton launch on CPU tensors too (no driver: dies);
     with the plugin (graphs on) the same call copies the kernel's rows with torch. 0.5.23 (guard): SGLang's
     own dispatcher picks its CPU copy on CPU and copies the same rows."""
-    from test_version_matrix import python_of
+    from support.variant_runs import python_of
 
     py = python_of("0.5.15.post1")
     stock = memcpy_probe(py, "memcpy_triton", SGLANG_PLUGINS="none")

@@ -156,14 +156,22 @@ def patched_site(tmp_path_factory):
     return patched_copy(tmp_path_factory.mktemp("patched"))
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("variant", MATRIX)
-def test_patched_variant_tree_passes_its_scenarios_without_plugin(tmp_path, variant):
-    site = env_site(variant)
-    root = patched_copy(tmp_path, variant, site)
+def _patched_variant_run(variant, base):
+    """The variant's tree copied under `base`, patched, and its scenarios run there with no plugin."""
+    root = patched_copy(base / variant, variant, env_site(variant))
     res = run_states(["source"], python=env_python(variant),
                      extra_env={"source": {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}},
                      timeout=580)["source"]
+    return root, res
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", MATRIX)
+def test_patched_variant_tree_passes_its_scenarios_without_plugin(tmp_path_factory, variant):
+    from support.variant_runs import ahead
+
+    base = tmp_path_factory.getbasetemp() / "patched-variants"
+    root, res = ahead("patched-tree", lambda v: _patched_variant_run(v, base), variant, MATRIX)
     assert res["_meta"]["registered"] == [] and res["_meta"]["sglang_path"].startswith(str(root))
     _fixed_as_with_plugin(res, variant)
 

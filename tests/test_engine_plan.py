@@ -14,11 +14,13 @@ scripts/run-glm4.7-355B-A32B.sh: --rollout-num-gpus-per-engine 32, --sglang-mem-
   enable_return_routed_experts = True with --use-rollout-routing-replay; the rest from --sglang-*.
 Interpreters: this one (0.5.23), plus SMR_SGLANG_PYTHONS (':'-separated) and .venvs/sglang-*/bin/python.
 """
+import functools
 import glob
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -66,14 +68,27 @@ def _parse(python, argvs):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=PYTHONS, ids=lambda p: "main" if p == sys.executable else p.strip("/").replace("/", "_")[-48:])
-def parsed(request, tmp_path_factory):
+@functools.lru_cache(maxsize=None)
+def _inputs():
+    """(plans, argvs to parse, the 0600 key file, the CPU command): the same for every interpreter."""
     plans = _plans()
     argvs = [c.argv[3:] for _, _, engines in plans.values() for cmds in engines for c in cmds]
-    key_file = write_secret_config(str(tmp_path_factory.mktemp("key") / "k.yaml"), "s3cret-key")
+    key_file = write_secret_config(os.path.join(tempfile.mkdtemp(prefix="plan-key-"), "k.yaml"), "s3cret-key")
     cpu = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu-dpattn.yaml"))
     (cpu_cmd,), = plan(cpu)
-    res = _parse(request.param, argvs + [argvs[0] + ["--config", key_file], cpu_cmd.argv[3:]])
+    return plans, argvs + [argvs[0] + ["--config", key_file], cpu_cmd.argv[3:]], key_file, cpu_cmd
+
+
+def _parsed_by(python):
+    return _parse(python, _inputs()[1])
+
+
+@pytest.fixture(scope="module", params=PYTHONS, ids=lambda p: "main" if p == sys.executable else p.strip("/").replace("/", "_")[-48:])
+def parsed(request):
+    from support.variant_runs import ahead
+
+    plans, _, key_file, cpu_cmd = _inputs()
+    res = ahead("plan-parse", _parsed_by, request.param, PYTHONS)   # the next interpreter parses meanwhile
     it = iter(res["parsed"])
     by_config = {name: [[next(it) for _ in cmds] for cmds in engines] for name, (_, _, engines) in plans.items()}
     return res["version"], plans, by_config, next(it), key_file, (cpu_cmd, next(it))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from test_version_matrix import python_of   # skips, or fails where make test requires the environment
+from support.variant_runs import python_of   # skips, or fails where make test requires the environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSIONS = ("0.5.15.post1", "0.5.16")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from support import ROOT
-from test_version_matrix import python_of
+from support.variant_runs import python_of
 
 GPU = ROOT / "scripts" / "gpu_check"
 sys.path.append(str(GPU))  # plan, judges, engine_checks, ops_check

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from sglang_patches.registry import VARIANTS
-from sglang_patches.scenarios.runner import env_python, run_states
+from support.variant_runs import scenarios
 from support import ROOT
 
 
@@ -53,10 +53,7 @@ def test_accepted_path_rows_not_reached(tmp_path, capsys):
 def test_engine_refuses_tree_capture(variant):
     """SGLang's own RoutedExpertsCapturer.__init__ with EAGLE top-k 2: stock builds it (its rows would follow
     the tree, sglang#37949); with the plugin it is refused with one log line. Top-k 1 builds in both."""
-    python = None if variant == "0.5.23" else env_python(variant)
-    if python is not None and not python.exists():
-        pytest.skip(f"no environment for SGLang {variant} (scripts/setup_sglang_env.sh {variant})")
-    res = run_states(["both"], module="sglang_patches.scenarios.tree_capture", python=python)
+    res = scenarios(variant)   # the tree-capture list runs with the others (scenarios/every.py)
     stock, plugin = res["none"]["tree_capture_topk2"], res["plugin"]["tree_capture_topk2"]
     assert not stock["ok"] and "EAGLE top-k 2: built a capturer" in stock["detail"], stock
     assert plugin["ok"] and plugin["detail"].startswith(

@@ -168,7 +168,7 @@ def test_exit_during_startup_names_phase_and_log(tmp_path):
 def test_versions_without_a_ready_route(version):
     """Fact of the real code: these versions' HTTP server has no /ready, and their /health_generate
     answers 503 while the server status is Starting."""
-    from test_version_matrix import python_of   # skips, or fails where make test requires the environment
+    from support.variant_runs import python_of   # skips, or fails where make test requires the environment
 
     env = python_of(version).parents[1]
     text = next(env.glob("lib/python3*/site-packages/sglang/srt/entrypoints/http_server.py")).read_text()

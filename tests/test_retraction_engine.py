@@ -187,7 +187,7 @@ def test_retraction_across_weight_update_refused_without_spans(variant, tiny_mod
     printed, not asserted: that engine's rows are not yet decided; measured once, no row of either
     request matched the seed-1 router, and request 1's prompt rows matched neither router."""
     from support.engines import ENGINE_BUDGET_S
-    from test_version_matrix import python_of
+    from support.variant_runs import python_of
 
     other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
     here = os.path.dirname(os.path.abspath(__file__))

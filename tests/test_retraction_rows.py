@@ -6,34 +6,22 @@ with the plugin, the rows those tokens were sampled with. `patches status` lists
 """
 import json
 import subprocess
-import sys
 
 import pytest
 
 from sglang_patches.registry import VARIANTS
 from sglang_patches.scenarios import retraction as rs
-from sglang_patches.scenarios.runner import ROOT, run_states
-from test_version_matrix import python_of
+from sglang_patches.scenarios.runner import ROOT
+from support.variant_runs import python_of, scenarios
 
 FIX = "retraction-rows"
 ALL = [v.name for v in VARIANTS]
-_results = {}
-
-
-def python(variant):
-    return sys.executable if variant == "0.5.23" else python_of(variant)
-
-
-def results(variant):
-    if variant not in _results:
-        _results[variant] = run_states(["both"], module="sglang_patches.scenarios.retraction", python=python(variant), timeout=600)
-    return _results[variant]
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("variant", ALL)
 def test_retraction_rows_on_variant(variant):
-    res = results(variant)
+    res = scenarios(variant)   # the retraction list runs with the others (scenarios/every.py)
     assert FIX in res["plugin"]["_meta"]["registered"] and res["none"]["_meta"]["registered"] == []
     for name, needle in rs.EXPECT_STOCK.items():
         stock, fixed = res["none"][name], res["plugin"][name]
@@ -47,7 +35,7 @@ def test_retraction_rows_on_variant(variant):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", ["0.5.23"])   # the other variants: test_version_matrix's status test
 def test_retraction_rows_status_on_variant(variant):
-    r = subprocess.run([str(python(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
+    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
                        capture_output=True, text=True, timeout=280, cwd=ROOT)
     report = json.loads(r.stdout)
     assert report["variant"] == variant, report["variant_problem"]

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 from support import ROOT
-from test_version_matrix import env_python, python_of
+from sglang_patches.scenarios.runner import env_python
+from support.variant_runs import python_of
 
 COMMON = {"pause_default_mode": "abort", "routed_experts_after_retract": None, "output_ids_after_retract": [5, 6],
           "retraction_count": 1, "meta_num_retractions": True, "update_weight_version_endpoint": True}

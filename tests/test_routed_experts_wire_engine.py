@@ -131,7 +131,7 @@ def run_child(model: str, budget_s: float) -> dict:
 @pytest.mark.parametrize("variant", ["0.5.15.post1", "0.5.15.post1+slime"])
 def test_compact_rows_equal_int32_rows_on_slime_release(tiny_match_model, variant):
     from support.engines import ENGINE_BUDGET_S
-    from test_version_matrix import python_of
+    from support.variant_runs import python_of
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     p = subprocess.run([str(python_of(variant)), __file__, tiny_match_model, str(ENGINE_BUDGET_S)], env=env,

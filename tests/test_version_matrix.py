@@ -7,7 +7,9 @@ pass both; a not-needed fix's defect shows in both and its reach scenarios pass.
 
 `make test` builds the environments first and lists them in SLIME_MOE_ROLLOUT_MATRIX: a listed
 environment that is missing fails; an unlisted one is skipped (e.g. the slime variant without
-SLIME_SRC). 0.5.23 is covered by test_dp_fixes.py.
+SLIME_SRC). 0.5.23 is covered by test_dp_fixes.py. One interpreter per release runs every scenario list
+(sglang_patches/scenarios/every.py), shared with test_retraction_rows.py and test_next_defects_sglang.py;
+tests/support/variant_runs.py runs the next release's work while this one's tests run.
 """
 import json
 import os
@@ -17,21 +19,12 @@ import sys
 import pytest
 
 from sglang_patches.scenarios import dp as dp_scenarios
-from sglang_patches.scenarios.runner import ROOT, env_python, run_states
+from sglang_patches.scenarios.runner import ROOT
 from sglang_patches.registry import VARIANTS, all_fixes, table
 from sglang_patches.states import FixState
+from support.variant_runs import ahead, python_of, scenarios
 
 MATRIX = [v.name for v in VARIANTS if v.name != "0.5.23"]
-REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())
-
-
-def python_of(variant):
-    py = env_python(variant)
-    if not py.exists():
-        if variant in REQUIRED:
-            pytest.fail(f"{py} missing: run scripts/setup_sglang_env.sh {variant}")
-        pytest.skip(f"no environment for SGLang {variant} (scripts/setup_sglang_env.sh {variant})")
-    return py
 
 
 def ports(variant):
@@ -42,21 +35,25 @@ def cases(pred):
     return [(v, name) for v in MATRIX for name, want in dp_scenarios.expected(v).items() if pred(want)]
 
 
-_results = {}
-
-
 def results(variant):
-    if variant not in _results:
-        _results[variant] = run_states(["both"], python=python_of(variant), timeout=600)
-    return _results[variant]
+    return scenarios(variant)
 
 
-def patches_status(variant, family, **env):
-    """(process, report, {fix: state} of `family`) of `patches status --json` in the variant's environment."""
+STATUS_ENV = {"plain": {}, "cpu": {"SGLANG_USE_CPU_ENGINE": "1"},
+              "graphs": {"SGLANG_USE_CPU_ENGINE": "1", "SLIME_MOE_ROLLOUT_CPU_GRAPHS": "1"}}
+
+
+def _status(variant, kind):
     clean = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
     r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
-                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(clean, **env))
-    report = json.loads(r.stdout)
+                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(clean, **STATUS_ENV[kind]))
+    return r, json.loads(r.stdout)
+
+
+def patches_status(variant, family, kind="plain"):
+    """(process, report, {fix: state} of `family`) of `patches status --json` in the variant's environment,
+    with STATUS_ENV[kind] set."""
+    r, report = ahead(f"status-{kind}", lambda v: _status(v, kind), variant, MATRIX)
     return r, report, {f["name"]: f["state"] for f in report["fixes"] if f["family"] == family}
 
 
@@ -78,7 +75,7 @@ def test_status_with_cpu_engine_matches_the_table(variant):
     """In a CPU engine's process (SGLANG_USE_CPU_ENGINE=1) the CPU family is judged for real: each ported
     fix is active (its pins are this tree's source) or hook-less as its table says, an unported one is
     refused (status exits 1 there only), and the graph-replay fixes stay idle unless asked for."""
-    r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1")
+    r, report, states = patches_status(variant, "cpu", "cpu")
     cpu = [f for f in all_fixes() if f.family == "cpu" and not f.name.startswith("cpu-graphs-")]
     want = {f.name: ports(variant)[f.name].state.value if f.name in ports(variant) else "refused" for f in cpu}
     assert {n: states[n] for n in want} == want
@@ -90,9 +87,7 @@ def test_status_with_cpu_engine_matches_the_table(variant):
 def test_status_with_cpu_graphs_matches_the_table(variant):
     """With CPU graph replay asked for (SLIME_MOE_ROLLOUT_CPU_GRAPHS=1) in a CPU engine's process, each graph
     fix the variant's table lists is active (its pins are this tree's source); an unlisted one is refused."""
-    from sglang_patches.cpu.graphs import ENV
-
-    r, report, states = patches_status(variant, "cpu", SGLANG_USE_CPU_ENGINE="1", **{ENV: "1"})
+    r, report, states = patches_status(variant, "cpu", "graphs")
     graphs = [f.name for f in all_fixes() if f.name.startswith("cpu-graphs-")]
     want = {n: ports(variant)[n].state.value if n in ports(variant) else "refused" for n in graphs}
     assert {n: states[n] for n in graphs} == want, report

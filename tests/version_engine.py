@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(variant: str, **request) -> dict:
     """Parent side: the child's answer; `log` is the engine's whole log text."""
     from support.engines import ENGINE_BUDGET_S
-    from test_version_matrix import python_of
+    from support.variant_runs import python_of
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     env.pop("SGLANG_PLUGINS", None)
