@@ -112,6 +112,7 @@ def _rows_matching(ids, body, seed):
                 for layer in range(1, NUM_LAYERS)) for r in range(len(seq))]
 
 
+@pytest.mark.e2e   # the fixed path (test_retraction_across_weight_update_kept_with_the_fix) runs in make test
 def test_retraction_alone_keeps_routes_guard(engine_pool, tiny_model):
     eng = _engine(engine_pool, tiny_model)
     threads, seen, last = _stream(eng)

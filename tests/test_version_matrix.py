@@ -11,7 +11,6 @@ SLIME_SRC). 0.5.23 is covered by test_dp_fixes.py. One interpreter per release r
 (sglang_patches/scenarios/every.py), shared with test_retraction_rows.py and test_next_defects_sglang.py;
 tests/support/variant_runs.py runs the next release's work while this one's tests run.
 """
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from sglang_patches.scenarios import dp as dp_scenarios
 from sglang_patches.scenarios.runner import ROOT
 from sglang_patches.registry import VARIANTS, all_fixes, table
 from sglang_patches.states import FixState
-from support.variant_runs import ahead, python_of, scenarios
+from support.variant_runs import scenarios, status
 
 MATRIX = [v.name for v in VARIANTS if v.name != "0.5.23"]
 
@@ -39,21 +38,10 @@ def results(variant):
     return scenarios(variant)
 
 
-STATUS_ENV = {"plain": {}, "cpu": {"SGLANG_USE_CPU_ENGINE": "1"},
-              "graphs": {"SGLANG_USE_CPU_ENGINE": "1", "SLIME_MOE_ROLLOUT_CPU_GRAPHS": "1"}}
-
-
-def _status(variant, kind):
-    clean = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
-    r = subprocess.run([str(python_of(variant)), "-m", "rollout.cli", "patches", "status", "--json"],
-                       capture_output=True, text=True, timeout=280, cwd=ROOT, env=dict(clean, **STATUS_ENV[kind]))
-    return r, json.loads(r.stdout)
-
-
 def patches_status(variant, family, kind="plain"):
-    """(process, report, {fix: state} of `family`) of `patches status --json` in the variant's environment,
-    with STATUS_ENV[kind] set."""
-    r, report = ahead(f"status-{kind}", lambda v: _status(v, kind), variant, MATRIX)
+    """(answer, report, {fix: state} of `family`) of `patches status --json` on the variant, with
+    support.variant_runs.STATUS_ENV[kind] set (the three settings in one interpreter per release)."""
+    r, report = status(variant, kind)
     return r, report, {f["name"]: f["state"] for f in report["fixes"] if f["family"] == family}
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sglang_patches.registry import VARIANTS
-from sglang_patches.scenarios.runner import env_python, run_states
+from sglang_patches.scenarios.runner import ROOT, env_python, run_states
 
 ALL = [v.name for v in VARIANTS]                     # every reviewed release, 0.5.23 (the main environment) last
 REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())   # `make test` lists the ones it built
@@ -53,3 +53,45 @@ def _every(variant: str) -> dict:
 def scenarios(variant: str) -> dict:
     """{"none": ..., "plugin": ...}: every scenario list (sglang_patches.scenarios.every) on the release."""
     return ahead("scenarios", _every, variant)
+
+
+STATUS_ENV = {"plain": {}, "cpu": {"SGLANG_USE_CPU_ENGINE": "1"},
+              "graphs": {"SGLANG_USE_CPU_ENGINE": "1", "SLIME_MOE_ROLLOUT_CPU_GRAPHS": "1"}}
+# `patches status --json` (the CLI's own main) once per STATUS_ENV setting, in one interpreter
+_STATUS = """
+import contextlib, io, json, os, sys
+from rollout.cli import main
+out, base = {}, dict(os.environ)
+for kind, env in json.loads(sys.argv[1]).items():
+    os.environ.clear(); os.environ.update(base, **env)
+    so, se = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+        try:
+            rc = main(["patches", "status", "--json"])
+        except SystemExit as e:
+            rc = e.code
+    out[kind] = {"returncode": rc, "stdout": so.getvalue(), "stderr": se.getvalue()}
+print("STATUS " + json.dumps(out))
+"""
+
+
+def _statuses(variant: str) -> dict:
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    r = subprocess.run([str(python_of(variant)), "-c", _STATUS, json.dumps(STATUS_ENV)], capture_output=True,
+                       text=True, timeout=400, cwd=ROOT, env=env)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("STATUS ")), None)
+    assert line, f"status probe failed on {variant}: {r.stderr[-2000:]}"
+    return {k: SimpleNamespace(**v) for k, v in json.loads(line[len("STATUS "):]).items()}
+
+
+def status(variant: str, kind: str = "plain"):
+    """(process-like answer, report) of `patches status --json` on the release with STATUS_ENV[kind] set."""
+    import json
+
+    r = ahead("status", _statuses, variant)[kind]
+    return r, json.loads(r.stdout)
