@@ -7,6 +7,8 @@ started once per benchmark: slime's router (`_start_router`), one `SGLangEngine.
 data_source)` per request on stdin, timed around that call. The data source is a STAND-IN that hands
 slime Samples whose `tokens` are the benchmark's prompt ids (slime reuses them as the prompt); the only
 addition to slime's request is `ignore_eos`, so every arm generates the same number of tokens.
+Each answer also carries the prompt tokens and cached tokens of every sample, summed from slime's own
+`Sample.prefix_cache_info` (slime adds each answer's `meta_info` `prompt_tokens` / `cached_tokens` there).
 """
 import json
 import os
@@ -18,12 +20,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLIME_PYTHON = os.environ.get("SLIME_PYTHON", "/tmp/venv-slime/bin/python")
 
 
+def unavailable(slime_src) -> str | None:
+    """Why slime's arm cannot run (None when it can)."""
+    if not slime_src:
+        return "no slime checkout given (SLIME_SRC or --slime-src)"
+    if not os.path.isdir(os.path.join(slime_src, "slime")):
+        return f"--slime-src {slime_src} has no slime/ package"
+    if not os.path.exists(SLIME_PYTHON):
+        return f"SLIME_PYTHON {SLIME_PYTHON} missing (see scripts/check_against_slime.sh)"
+    return None
+
+
+def parse_reply(line: str):
+    """The worker's answer on one stdout line (a dict), None for any other line; its error raises."""
+    if not line.startswith("SLIME-ARM "):
+        return None
+    out = json.loads(line.split(" ", 1)[1])
+    if "error" in out:
+        raise RuntimeError(f"slime arm: {out['error']}")
+    return out
+
+
 class SlimeArm:
-    def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int):
-        if not os.path.isdir(os.path.join(slime_src, "slime")):
-            raise SystemExit(f"error: --slime-src {slime_src} has no slime/ package")
-        if not os.path.exists(SLIME_PYTHON):
-            raise SystemExit(f"error: SLIME_PYTHON {SLIME_PYTHON} missing (see scripts/check_against_slime.sh)")
+    def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int,
+                 overrides: dict | None = None):
+        """`overrides`: slime arguments set over those of the config (e.g. n_samples_per_prompt)."""
+        why = unavailable(slime_src)
+        if why:
+            raise SystemExit(f"error: {why}")
         stubs = tempfile.mkdtemp(prefix="slime-arm-stubs-")
         os.makedirs(os.path.join(stubs, "wandb"))
         with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
@@ -31,7 +55,8 @@ class SlimeArm:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), slime_src, stubs]))
         self.log = tempfile.NamedTemporaryFile(prefix="slime-arm-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [SLIME_PYTHON, os.path.abspath(__file__), cfg_path, model, str(max_new_tokens), *addrs],
+            [SLIME_PYTHON, os.path.abspath(__file__), cfg_path, model,
+             json.dumps({"rollout_max_response_len": max_new_tokens, **(overrides or {})}), *addrs],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT)
         self.ready = self._reply()  # "slime client: SGLang X, router host:port"
 
@@ -43,17 +68,20 @@ class SlimeArm:
                 with open(self.log.name) as f:
                     tail = f.read()[-3000:]
                 raise RuntimeError(f"slime arm worker exited (rc {self.proc.returncode}):\n{tail}")
-            if line.startswith("SLIME-ARM "):
-                out = json.loads(line.split(" ", 1)[1])
-                if "error" in out:
-                    raise RuntimeError(f"slime arm: {out['error']}")
+            out = parse_reply(line)
+            if out is not None:
                 return out
+
+    def answer(self, prompts: list, rollout_id: int) -> dict:
+        """One generate_rollout of `prompts`: seconds inside it, groups returned, tokens generated,
+        prompt_tokens and cached_tokens summed over every sample."""
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
 
     def rollout(self, prompts: list, rollout_id: int) -> tuple:
         """(seconds inside slime's generate_rollout, tokens generated, groups returned)."""
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id}) + "\n")
-        self.proc.stdin.flush()
-        out = self._reply()
+        out = self.answer(prompts, rollout_id)
         return out["seconds"], out["tokens"], out["groups"]
 
     def close(self):
@@ -66,7 +94,7 @@ class SlimeArm:
                 self.proc.wait(10)
 
 
-def _worker(cfg_path, model, max_new_tokens, addrs):
+def _worker(cfg_path, model, overrides, addrs):
     """Runs under SLIME_PYTHON: slime's router, engine registration and generate_rollout."""
     import time
 
@@ -99,7 +127,7 @@ def _worker(cfg_path, model, max_new_tokens, addrs):
 
     try:
         args = slime_args(load_config(cfg_path), model, addrs)
-        args.rollout_max_response_len = max_new_tokens
+        vars(args).update(overrides)
         http_utils.init_http_client(args)
         infos = external.discover_external_engines(addrs)
         args.rollout_num_gpus = sum(i.num_gpus for i in infos)
@@ -124,10 +152,12 @@ def _worker(cfg_path, model, max_new_tokens, addrs):
         source = Prompts(req["prompts"], args.n_samples_per_prompt)
         out = sglang_rollout.generate_rollout(args, req["rollout_id"], source)
         dt = time.monotonic() - t0
-        groups = out.samples
-        say(seconds=dt, groups=len(groups), tokens=sum(s.response_length for g in groups for s in g))
+        samples = [s for g in out.samples for s in g]
+        say(seconds=dt, groups=len(out.samples), tokens=sum(s.response_length for s in samples),
+            prompt_tokens=sum(s.prefix_cache_info.total_prompt_tokens for s in samples),
+            cached_tokens=sum(s.prefix_cache_info.cached_tokens for s in samples))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]))
+    sys.exit(_worker(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]))

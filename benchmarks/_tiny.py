@@ -106,14 +106,15 @@ async def streamed_batch(mgr, prompts):
     return arrivals[0], arrivals[-1], tokens[0]
 
 
-def slime_arm(args, cfg, model, mgr):
-    """slime's own generate_rollout on the manager's engines (None without --slime-src)."""
+def slime_arm(args, cfg, model, mgr, cfg_path=CONFIG, overrides=None):
+    """slime's own generate_rollout on the manager's engines (None without --slime-src); `cfg_path`
+    is the config file `cfg` was loaded from, `overrides` the slime arguments set over it."""
     if not args.slime_src:
         return None
     from _slime_arm import SlimeArm
 
     addrs = [e.url.split("://", 1)[1] for e in mgr.source.engines.values()]
-    arm = SlimeArm(args.slime_src, CONFIG, model, addrs, cfg.rollout.sampling.max_new_tokens)
+    arm = SlimeArm(args.slime_src, cfg_path, model, addrs, cfg.rollout.sampling.max_new_tokens, overrides)
     print(f"  {arm.ready['ready']}", file=sys.stderr)
     return arm
 

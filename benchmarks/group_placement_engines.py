@@ -2,12 +2,19 @@
 miniature (training_configs/tiny-cpu-dpattn.yaml: dp 2, NEXTN, routed experts; chunk 4,096 so a batch
 can hold several prompts), groups of 8, prompts of 256 tokens, the same engines for both arms (the
 dispatcher's placement switched off for `today`), caches flushed before each arm, arms alternated.
+With a slime checkout (SLIME_SRC or --slime-src) and slime's client Python (SLIME_PYTHON), a third arm:
+slime's own generate_rollout through slime's router on the same engines (benchmarks/_slime_arm.py: a
+worker under SLIME_PYTHON, the same kind of prompts as token ids through a stand-in data source, n and
+concurrency per engine as here); its prompt and cached tokens are those slime's Sample keeps from each
+answer's meta_info (`prefix_cache_info`), its time is that of the generate_rollout call. Without them
+that arm prints one line saying it was skipped and why.
 
     flock /tmp/engine.lock python benchmarks/group_placement_engines.py [--rounds 2] [--engine-groups 4]
 
 Printed and judged: prompt tokens prefilled per group / prompt tokens (`prompt_tokens - cached_tokens`
-of every answer, the primers included), placement / today; rollout tokens/s, placement / today;
-samples per (engine, DP rank). slime's own generate_rollout through its router is not run here.
+of every answer, the primers included), placement / today, placement / slime; rollout tokens/s,
+placement / today, placement / slime; samples per (engine, DP rank) (not for slime's arm: its Sample
+keeps no DP rank).
 """
 import argparse
 import asyncio
@@ -19,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _slime_arm import unavailable  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 
 BENCH = "group_placement_engines"
@@ -60,13 +68,24 @@ async def _flush(mgr, budget_s: float = 120.0):
             await asyncio.sleep(0.5)
 
 
+def _prompts(groups, prompt_len, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 300) for _ in range(prompt_len)] for _ in range(groups)]
+
+
+async def _slime_arm(mgr, slime, groups, prompt_len, seed):
+    """slime's own generate_rollout on the same engines: (prefilled / prompt tokens, tokens/s, {})."""
+    await _flush(mgr)
+    out = await asyncio.to_thread(slime.answer, _prompts(groups, prompt_len, seed), seed)
+    assert out["groups"] == groups, f"slime returned {out['groups']} groups of {groups}"
+    return (out["prompt_tokens"] - out["cached_tokens"]) / (groups * prompt_len), out["tokens"] / out["seconds"], {}
+
+
 async def _engine_arm(mgr, placement, groups, prompt_len, seed):
     await _flush(mgr)
     mgr.dispatcher.placement = placement
     primed0 = placement.primer_prefilled if placement else 0
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 300) for _ in range(prompt_len)] for _ in range(groups)]
-    todo = [mgr.new_group(p) for p in prompts]
+    todo = [mgr.new_group(p) for p in _prompts(groups, prompt_len, seed)]
     t0 = time.monotonic()
     res = await mgr.rollout(todo, _Sink())
     wall = time.monotonic() - t0
@@ -84,35 +103,54 @@ async def _engine_arm(mgr, placement, groups, prompt_len, seed):
 
 
 def engines_part(args) -> None:
-    from _tiny import started_manager
+    from rollout.config import preset_path
+
+    from _tiny import slime_arm, started_manager
 
     cfg, model = _engine_config(args)
+    skipped = unavailable(args.slime_src)
     print(f"{BENCH}: real engines: 2 x tiny-cpu-dpattn (dp 2, NEXTN, chunk 4096), {args.engine_groups} groups x 8, "
           f"{args.prompt_len}-token prompts, {args.engine_new_tokens} new tokens; starting...", flush=True)
-    res = {}
+    res, arms = {}, ("placement", "today") + (() if skipped else ("slime",))
 
     async def run():
         mgr = await started_manager(cfg, model, "group-placement-")
+        slime = None
         try:
             mgr.dispatcher.keep_answers = True
             placement = mgr.dispatcher.placement
-            for warm, seed in ((placement, 7), (None, 8)):   # warm-up of both arms' batch shapes, not counted
-                await _engine_arm(mgr, warm, args.engine_groups, args.prompt_len, seed=seed)
+            if not skipped:
+                slime = slime_arm(args, cfg, model, mgr, preset_path("c"), {
+                    "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+                    "sglang_server_concurrency": cfg.rollout.concurrency_per_engine})
+
+            async def one(arm, seed):
+                if arm == "slime":
+                    return await _slime_arm(mgr, slime, args.engine_groups, args.prompt_len, seed)
+                return await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
+                                         args.prompt_len, seed)
+            for i, arm in enumerate(arms):   # warm-up of every arm's batch shapes, not counted
+                await one(arm, seed=7 + i)
             for r in range(args.rounds):
-                for arm in (("placement", "today") if r % 2 == 0 else ("today", "placement")):
-                    out = await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
-                                            args.prompt_len, seed=100 + 10 * r + (arm == "today"))
+                for arm in (arms if r % 2 == 0 else arms[::-1]):
+                    out = await one(arm, seed=100 + 10 * r + arms.index(arm))
                     res.setdefault(arm, []).append(out)
-                    print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s, "
-                          f"samples per engine/rank {out[2]}", flush=True)
+                    print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s"
+                          + (f", samples per engine/rank {out[2]}" if out[2] else ""), flush=True)
         finally:
+            if slime:
+                slime.close()
             await mgr.stop()
     asyncio.run(run())
     mean = lambda arm, i: sum(x[i] for x in res[arm]) / len(res[arm])  # noqa: E731
     judge(BENCH, "engine_prefill", mean("placement", 0))
     judge(BENCH, "engine_prefill_vs_today", mean("placement", 0) / mean("today", 0))
     judge(BENCH, "engine_tokens_per_s", mean("placement", 1) / mean("today", 1))
-    fact(BENCH, "slime's own generate_rollout on these engines: not run by this benchmark")
+    if skipped:
+        fact(BENCH, f"slime's arm skipped: {skipped}")
+        return
+    judge(BENCH, "engine_prefill_vs_slime", mean("placement", 0) / mean("slime", 0))
+    judge(BENCH, "engine_tokens_per_s_vs_slime", mean("placement", 1) / mean("slime", 1))
 
 
 def main() -> int:
@@ -121,6 +159,8 @@ def main() -> int:
     ap.add_argument("--engine-groups", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--engine-new-tokens", type=int, default=8)
+    ap.add_argument("--slime-src", default=os.environ.get("SLIME_SRC") or None,
+                    help="a slime checkout (default: $SLIME_SRC): slime's own generate_rollout as a third arm")
     engines_part(ap.parse_args())
     return finish()
 

@@ -50,3 +50,26 @@ def test_run_all_fails_a_miss_in_full_mode_and_reports_it_in_quick(targets, monk
     assert "MISS: fake_bench.t" in capsys.readouterr().out
     script.write_text("raise SystemExit(1)\n")  # a crash fails both
     assert run_all.main(["--quick"]) == 1
+
+
+def test_slime_arm_answer_parsing_and_why_it_is_skipped(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(BENCH)
+    arm = importlib.import_module("_slime_arm")
+    line = 'SLIME-ARM {"seconds": 2.0, "groups": 4, "tokens": 256, "prompt_tokens": 8192, "cached_tokens": 6144}\n'
+    assert arm.parse_reply(line) == {"seconds": 2.0, "groups": 4, "tokens": 256, "prompt_tokens": 8192,
+                                     "cached_tokens": 6144}
+    assert arm.parse_reply("[2026] INFO router started\n") is None   # slime's own log lines pass by
+    with pytest.raises(RuntimeError, match="slime arm: AssertionError: name='dp_size'"):
+        arm.parse_reply('SLIME-ARM {"error": "AssertionError: name=\'dp_size\'"}')
+    assert arm.unavailable(None) == "no slime checkout given (SLIME_SRC or --slime-src)"
+    assert arm.unavailable(str(tmp_path)) == f"--slime-src {tmp_path} has no slime/ package"
+    (tmp_path / "slime").mkdir()
+    monkeypatch.setattr(arm, "SLIME_PYTHON", str(tmp_path / "no-python"))
+    assert arm.unavailable(str(tmp_path)).startswith(f"SLIME_PYTHON {tmp_path / 'no-python'} missing")
+
+
+def test_slime_targets_are_judged_only_with_a_slime_checkout(targets):
+    spec = targets.table()["group_placement_engines"]
+    assert spec["slime_src"] is True
+    assert {t for t, v in spec["targets"].items() if v.get("slime")} == {"engine_prefill_vs_slime",
+                                                                         "engine_tokens_per_s_vs_slime"}
