@@ -227,7 +227,7 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
     finally:
         mgr.dispatcher.sampling["max_new_tokens"] = 8
     # seen through the process (its poll or a dropped request), not after 3 failed health probes
-    dead = next(e for e in mgr.source.events.events if e.kind == EngineEvent.DEAD)
+    dead = next(e for e in mgr.events if e.kind == EngineEvent.DEAD)
     assert dead.detail.startswith("process killed by signal SIGKILL"), dead.detail
     assert old.leftover_pids() == []  # the killed engine's scheduler/detokenizer are gone too
     assert res.delivered == 4 and len({g.group_id for g in groups}) == 4 and res.resent >= 1
