@@ -3,9 +3,12 @@ private (0600) key files. Imports nothing from the rest of the package."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 MAX_PORT = 65535 - 10000  # SGLang 0.5.15.post1 derives its gRPC port as port + 10000 and refuses one above 65535
+MIN_PORT = 10000
+_RANDOM = random.SystemRandom()  # a test's random.seed() must not make two processes pick the same ports
 
 
 def auth_headers(api_key: str | None) -> dict:
@@ -13,11 +16,31 @@ def auth_headers(api_key: str | None) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The OS's range for the local ports of outgoing connections (Linux's default if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, low enough for every reviewed SGLang release."""
+    """A port nothing listens on now, low enough for every reviewed SGLang release, and outside the
+    OS's ephemeral range: an engine binds its port only at the end of its start (minutes on a loaded
+    machine), and meanwhile any outgoing connection on the machine may take a port from that range."""
+    lo, hi = ephemeral_ports()
+    outside = [r for r in ((MIN_PORT, min(lo - 1, MAX_PORT)), (max(hi + 1, MIN_PORT), MAX_PORT)) if r[0] <= r[1]]
     while True:
+        if outside:
+            a, b = _RANDOM.choice(outside)
+            port = _RANDOM.randint(a, b)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
+            try:
+                s.bind((host, port if outside else 0))
+            except OSError:  # in use
+                continue
             port = s.getsockname()[1]
         if port <= MAX_PORT:
             return port

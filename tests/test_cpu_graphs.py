@@ -467,7 +467,7 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
     """`capturer-extent` off, prefill graphs on under DP attention: the prefill replay leaves the
     capturer's graph batch size None and every scheduler dies in `get_dp_local_slice_cpu`
     (`dp_rank * cuda_graph_batch`) at the first prefill that both DP ranks run in one step."""
-    from support.engines import active_fixes, log_text
+    from support.engines import active_fixes, exited, log_text
 
     eng = engine_pool.get("c-prefill-graphs-no-capturer-extent", with_graphs(
         preset_c(tiny_match_model), prefill=PREFILL_GRAPH, disable=("capturer-extent",)))
@@ -477,7 +477,7 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
     assert "local_start_pos = dp_rank * cuda_graph_batch" in log
     assert "TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'" in log
     assert all(isinstance(out, str) for _, _, out in outs), "a request was answered by a crashed engine"
-    assert not eng.alive()
+    assert exited(eng), "the server outlived its crashed schedulers"
 
 
 @pytest.mark.slow
@@ -610,11 +610,9 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
     """A hook aligning every speculative batch to lcm(attn_tp 2, k 3) = 6: the first
     request's draft decode pads 1 token a request to 6 rows, more than the draft's 4-row eager registry,
     and every scheduler dies in `fill_from`."""
-    import time
-
     import requests
 
-    from support.engines import active_fixes, generate, log_text
+    from support.engines import active_fixes, exited, generate, log_text
     from test_engine_single import prompts
 
     eng = engine_pool.get("c-graphs-old-lcm", lcm_engine_spec(tiny_match_model, shim_dir=str(tmp_path)))
@@ -624,11 +622,7 @@ def test_c_old_verify_padding_lcm_pads_draft_decode_and_crashes(tmp_path, engine
     log = log_text(eng)
     assert "RuntimeError: " + DRAFT_ROWS_OVERFLOW in log
     assert "in _draft_forward_idle" in log and "in fill_from" in log
-    for _ in range(75):   # SGLang waits 60 s for CUDA core dumps before it takes the server down
-        if not eng.alive():
-            break
-        time.sleep(2)
-    assert not eng.alive()
+    assert exited(eng), "the server outlived its crashed schedulers"
 
 
 @pytest.mark.slow

@@ -217,16 +217,18 @@ def test_kill9_mid_rollout_exactly_once_then_engine_serves_again(loop, mgr):
         os.kill(old.pid, signal.SIGKILL)
         while not mgr.count(EngineEvent.DEAD):
             await asyncio.sleep(0.05)
-        seen_s = time.monotonic() - t_kill
+        print(f"death seen {time.monotonic() - t_kill:.2f} s after the kill", flush=True)
         res = await asyncio.wait_for(task, timeout=600)
         await stream.close()
-        return res, [g async for g in stream], seen_s
+        return res, [g async for g in stream]
 
     try:
-        res, groups, seen_s = loop.run_until_complete(go())
+        res, groups = loop.run_until_complete(go())
     finally:
         mgr.dispatcher.sampling["max_new_tokens"] = 8
-    assert seen_s < 1.0
+    # seen through the process (its poll or a dropped request), not after 3 failed health probes
+    dead = next(e for e in mgr.events if e.kind == EngineEvent.DEAD)
+    assert dead.detail.startswith("process killed by signal SIGKILL"), dead.detail
     assert old.leftover_pids() == []  # the killed engine's scheduler/detokenizer are gone too
     assert res.delivered == 4 and len({g.group_id for g in groups}) == 4 and res.resent >= 1
     assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
@@ -247,7 +249,8 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
         async with m:
             stream = GroupStream(maxsize=64)
             task = asyncio.create_task(m.rollout(_prompts(8), stream, batch_size=8))
-            await asyncio.sleep(2.0)
+            while not m.dispatcher.slots["tiny-1"].outstanding:   # the kill lands on requests in flight
+                await asyncio.sleep(0.05)
             victim = m.source.engines["tiny-1"]
             os.kill(victim.pid, signal.SIGKILL)
             res = await asyncio.wait_for(task, timeout=600)

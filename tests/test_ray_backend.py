@@ -75,7 +75,10 @@ def test_ray_backend_start_stream_kill_actor_recover_shutdown(tmp_path):
             first.kill_actor()
             while not mgr.count(EngineEvent.DEAD):
                 await asyncio.sleep(0.05)
-            assert time.monotonic() - t_kill < 3.0
+            print(f"death seen {time.monotonic() - t_kill:.2f} s after the kill", flush=True)
+            # seen through the actor (the backend's poll), not after 3 failed health probes
+            dead = next(e for e in mgr.events if e.kind == EngineEvent.DEAD)
+            assert dead.detail.startswith("Ray actor died"), dead.detail
             while not mgr.count(EngineEvent.READMITTED):
                 await asyncio.sleep(0.5)
             second = mgr.source.engines["tiny-0"]

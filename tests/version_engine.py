@@ -84,7 +84,7 @@ def _pair(eng, ids, n) -> list:
 
 
 def child(req) -> dict:
-    from support.engines import active_fixes, start_engine, stop_engine
+    from support.engines import active_fixes, exited, start_engine, stop_engine
     from test_cpu_graphs import failed_start_log
 
     from rollout.engines.readiness import ReadinessError
@@ -107,7 +107,9 @@ def child(req) -> dict:
         ready_s = round(time.monotonic() - t0, 1)
         results = _jobs(eng, req)
         time.sleep(2)
-        return {"ready_s": ready_s, "fixes": active_fixes(eng), "results": results, "alive": eng.alive(),
+        crashed = any(isinstance(r[-1], str) for r in results)   # then the server takes itself down
+        return {"ready_s": ready_s, "fixes": active_fixes(eng), "results": results,
+                "alive": not exited(eng) if crashed else eng.alive(),
                 "log_path": eng.log_path}
     finally:
         left = stop_engine(eng)[1]

@@ -57,6 +57,20 @@ def stop_engine(engine) -> tuple:
     return pids, alive_pids(pids)
 
 
+def exited(engine, budget_s: float = 180.0) -> bool:
+    """Whether `engine`'s server process exits within `budget_s`. A crashed SGLang server takes itself
+    down some time after its scheduler died (it may wait 60 s for CUDA core dumps first) and after the
+    connections it held dropped; on a loaded machine that takes longer still."""
+    import time
+
+    end = time.monotonic() + budget_s
+    while engine.alive():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def log_text(engine) -> str:
     from rollout.cli.engine import log_text as text
 
