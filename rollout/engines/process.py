@@ -24,6 +24,7 @@ from typing import Optional
 from rollout.net import write_private
 from training_configs.server_args import PORTS_PER_ENGINE
 
+FREED_S = 10.0   # how long a killed stale engine's port may take to become free
 OWNER_ENV = "SLIME_MOE_ROLLOUT_OWNER"  # "<manager pid>:<port>" on every engine process we start
 
 
@@ -295,13 +296,18 @@ def clear_stale(host: str, port: int, ports: int = PORTS_PER_ENGINE) -> list[str
     for q in range(port, port + ports):
         if not port_in_use(host, q):
             continue
+        killed = False
         for pid, why in stale_engines(q):
             try:
                 pgid = os.getpgid(pid)
             except ProcessLookupError:
                 continue
             kill_group(pgid, 5.0)
+            killed = True
             notes.append(f"killed stale engine pid {pid} on port {q} ({why})")
+        end = time.monotonic() + (FREED_S if killed else 0.0)
+        while killed and port_in_use(host, q) and time.monotonic() < end:
+            time.sleep(0.05)   # the killed engine's open connections close a moment after it is gone
         if q == port and port_in_use(host, q):
             holder = ""
             for p in psutil.process_iter(["pid", "name"]):
@@ -312,5 +318,6 @@ def clear_stale(host: str, port: int, ports: int = PORTS_PER_ENGINE) -> list[str
                         break
                 except (psutil.Error, OSError):
                     continue
+            holder = holder or " (nothing listens on it: connections of a closed server are still open)"
             raise PortTaken(f"port {q} on {host} is already taken{holder}")
     return notes
