@@ -284,7 +284,7 @@ def _dp_rank_scheduler(engine, rank: int):
     return hits[0]
 
 
-@pytest.mark.e2e  # two DP-attention engines (dp 2 each) start and one is restarted: minutes here
+@pytest.mark.e2e  # two DP-attention engines (dp 2 each) start on CPU: minutes here
 @pytest.mark.timeout(1500)
 def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path):
     """SIGSTOP of ONE DP rank's scheduler of a DP-attention engine mid-rollout. Its ranks run in lockstep
@@ -326,6 +326,7 @@ def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path
             sched = _dp_rank_scheduler(victim, stop_rank)
             t_stop = time.monotonic()
             sched.suspend()
+            at_stop = {sid: k for sid, (k, _, _) in m.dispatcher.placement.current.items() if k[0] == victim_name}
             try:
                 while not m.count(EngineEvent.DEAD):
                     assert time.monotonic() - t_stop < 300, f"not declared dead: {list(m.source.monitor.history)[-4:]}"
@@ -340,15 +341,18 @@ def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path
             await stream.close()
             dead = [e for e in m.events if e.kind == EngineEvent.DEAD]
             history = list(m.source.monitor.history)
-            return res, [g async for g in stream], dead, dead_s, history
+            return res, [g async for g in stream], dead, dead_s, history, at_stop
 
-    res, groups, dead, dead_s, history = asyncio.run(go())
-    print(f"declared dead {dead_s:.1f} s after the stop: {dead[0]}")
+    res, groups, dead, dead_s, history, at_stop = asyncio.run(go())
+    print(f"declared dead {dead_s:.1f} s after the stop: {dead[0]}; in flight on {victim_name} then, by rank: "
+          f"{ {r: sum(k[1] == r for k in at_stop.values()) for r in (0, 1)} }")
     assert [e.engine for e in dead] == [victim_name], [str(e) for e in dead]
     assert "consecutive health probes failed" in dead[0].detail and "scheduler stopped" in dead[0].detail, \
         (dead[0].detail, history)
     assert res.delivered == 8 and len({g.group_id for g in groups}) == 8 and res.failed_samples == 0
     assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
+    # lockstep: nothing in flight on the engine when one rank stopped finished there, the other rank's included
+    assert at_stop and all(s.engine == other_name for g in groups for s in g.samples if s.sample_id in at_stop)
     pinned = 0
     for g in groups:
         runs = [keys[s.sample_id] for s in g.samples]
