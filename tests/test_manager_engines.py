@@ -1,7 +1,8 @@
 """The rollout manager against REAL SGLang CPU engines (tiny GLM-4.5 MoE, routed experts on).
 
 One engine is shared by the whole module (one real server at a time on this 2-core machine). The kill -9
-tests (this engine restarted; two engines with a re-send to the healthy one) are e2e and run last.
+tests (this engine restarted; two engines with a re-send to the healthy one) and the stopped-DP-rank test
+(two DP-attention engines, one rank's scheduler stopped) are e2e and run last.
 """
 import asyncio
 import copy
@@ -23,14 +24,15 @@ from rollout.net import free_port
 from rollout.types import EngineEvent, SampleStatus
 from rollout.stream import GroupStream
 from rollout.models.tiny import NUM_LAYERS, TOP_K, expected_experts
+from support.engines import two_rank_dp
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "training_configs", "tiny-cpu.yaml")
 
 
-def _config(engines=1, max_new_tokens=8):
-    cfg = rconfig.load(CONFIG)
+def _config(engines=1, max_new_tokens=8, path=CONFIG):
+    cfg = rconfig.load(path)
     cfg.rollout.engine_auth = "key"  # the demo config is keyless (slime's managed mode); these engines take a key
     cfg.engine_groups[0].engines = engines
     # 4 running at a time while the manager keeps 8 in flight: the rest wait in SGLang's queue
@@ -272,3 +274,97 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
         moved = [s.engines for s in g.samples if len(s.engines) > 1]
         assert all(set(e[:-1]) == {victim.name} and e[-1] == "tiny-0" for e in moved), moved
     assert any(len(s.engines) > 1 for g in groups for s in g.samples)
+
+
+def _dp_rank_scheduler(engine, rank: int):
+    """The scheduler process of DP rank `rank` among `engine`'s processes (SGLang names them
+    `sglang::scheduler_DP<rank>_TP<tp>...` under DP attention)."""
+    import psutil
+
+    procs = psutil.Process(engine.pid).children(recursive=True)
+    names = [p.name() for p in procs]
+    hits = [p for p in procs if f"scheduler_DP{rank}_" in p.name()]
+    assert len(hits) == 1, f"no single DP{rank} scheduler among {names}"
+    return hits[0]
+
+
+@pytest.mark.e2e  # two DP-attention engines (dp 2 each) start on CPU: minutes here
+@pytest.mark.timeout(1500)
+def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path):
+    """SIGSTOP of ONE DP rank's scheduler of a DP-attention engine mid-rollout. Its ranks run in lockstep
+    (the MLP sync gathers over every rank each scheduler step), so the whole engine stalls; the health
+    probe sees no progress and a stopped scheduler, the monitor declares the engine dead as any dead
+    engine, and its groups are placed again, together, on the other engine: every group exactly once."""
+    cfg = _config(engines=2, max_new_tokens=96, path=rconfig.preset_path("c"))
+    two_rank_dp(cfg.engine_groups[0])
+    cfg.rollout.health.interval_s, cfg.rollout.health.timeout_s, cfg.rollout.health.failures = 1.0, 5.0, 2
+    cfg.engine_groups[0].env["SGLANG_HEALTH_CHECK_TIMEOUT"] = "5"   # SGLang's /health_generate window
+    assert cfg.rollout.group_placement == "group"
+    model = model_for(cfg, ROOT)
+    victim_name, other_name, stop_rank = "tiny-dpattn-1", "tiny-dpattn-0", 1
+    keys: dict = {}   # sample id -> the (engine, DP rank) of each attempt, in order
+
+    async def go():
+        m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path)), model, ports=[free_port(), free_port()])
+        async with m:
+            place = m.dispatcher.placement.place
+
+            def recording(sample, cost, avoid=()):
+                key = place(sample, cost, avoid)
+                seen = keys.setdefault(sample.sample_id, [])
+                if key is not None and (not seen or seen[-1] != key):
+                    seen.append(key)
+                return key
+
+            m.dispatcher.placement.place = recording
+            m.dispatcher.sampling["ignore_eos"] = True
+            victim = m.source.engines[victim_name]
+            stream = GroupStream(maxsize=64)
+            task = asyncio.create_task(m.rollout(_prompts(8), stream, batch_size=8))
+            t0 = time.monotonic()
+            while not any(k == (victim_name, stop_rank) for k, _, _ in m.dispatcher.placement.current.values()):
+                assert time.monotonic() - t0 < 300 and not task.done(), "nothing placed on the victim rank"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert not task.done(), "the rollout finished before the stop: make it longer"
+            sched = _dp_rank_scheduler(victim, stop_rank)
+            t_stop = time.monotonic()
+            sched.suspend()
+            at_stop = {sid: k for sid, (k, _, _) in m.dispatcher.placement.current.items() if k[0] == victim_name}
+            try:
+                while not m.count(EngineEvent.DEAD):
+                    assert time.monotonic() - t_stop < 300, f"not declared dead: {list(m.source.monitor.history)[-4:]}"
+                    await asyncio.sleep(0.1)
+                dead_s = time.monotonic() - t_stop
+                res = await asyncio.wait_for(task, timeout=600)
+            finally:
+                try:
+                    sched.resume()
+                except Exception:   # the fleet's restart already killed it
+                    pass
+            await stream.close()
+            dead = [e for e in m.events if e.kind == EngineEvent.DEAD]
+            history = list(m.source.monitor.history)
+            return res, [g async for g in stream], dead, dead_s, history, at_stop
+
+    res, groups, dead, dead_s, history, at_stop = asyncio.run(go())
+    print(f"declared dead {dead_s:.1f} s after the stop: {dead[0]}; in flight on {victim_name} then, by rank: "
+          f"{ {r: sum(k[1] == r for k in at_stop.values()) for r in (0, 1)} }")
+    assert [e.engine for e in dead] == [victim_name], [str(e) for e in dead]
+    assert "consecutive health probes failed" in dead[0].detail and "scheduler stopped" in dead[0].detail, \
+        (dead[0].detail, history)
+    assert res.delivered == 8 and len({g.group_id for g in groups}) == 8 and res.failed_samples == 0
+    assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
+    # lockstep: nothing in flight on the engine when one rank stopped finished there, the other rank's included
+    assert at_stop and all(s.engine == other_name for g in groups for s in g.samples if s.sample_id in at_stop)
+    pinned = 0
+    for g in groups:
+        runs = [keys[s.sample_id] for s in g.samples]
+        assert all(1 <= len(r) <= 2 for r in runs), runs                      # moved at most once
+        assert len({r[0] for r in runs}) == 1, runs                           # first attempts on one rank
+        assert len({r[1] for r in runs if len(r) == 2}) <= 1, runs            # moved together
+        assert all(r[1][0] == other_name and r[0][0] == victim_name for r in runs if len(r) == 2), runs
+        if runs[0][0] == (victim_name, stop_rank):
+            pinned += 1
+            assert all(s.engine == other_name for s in g.samples), runs       # finished on the other engine
+    assert pinned >= 1

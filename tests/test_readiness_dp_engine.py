@@ -18,6 +18,7 @@ from rollout.engines.local_backend import LocalBackend
 from rollout.engines.process import cpu_percent
 from rollout.engines.readiness import wait_ready
 from rollout.net import free_port
+from support.engines import two_rank_dp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,10 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _spec():
     cfg = rconfig.load(os.path.join(ROOT, "training_configs", "tiny-cpu-dpattn.yaml"))
-    g = cfg.engine_groups[0]
-    g.gpus_per_engine, g.tp, g.dp, g.ep, g.moe_dense_tp = 2, 2, 2, 1, None
-    g.enable_dp_lm_head, g.speculative, g.routed_experts = False, None, False
-    g.extra_sglang_args["attention_backend"] = "intel_amx"   # the profile adds it with speculative decoding only
+    two_rank_dp(cfg.engine_groups[0]).routed_experts = False
     for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
         setattr(cfg.rollout.budgets, k, 600.0)
     spec = rconfig.engine_specs(cfg, model_for(cfg, ROOT), ports=[free_port()])[0]

@@ -26,6 +26,15 @@ def preset(name: str, model_path: str, *, env=None, args=None, api_key=None, **g
     return spec
 
 
+def two_rank_dp(group):
+    """Make a DP-attention group (tiny-cpu-dpattn) the lightest engine with two DP ranks: tp 2 / dp 2,
+    nothing else (no EP, NEXTN or DP lm-head); routed experts stay as the group has them."""
+    group.gpus_per_engine, group.tp, group.dp, group.ep, group.moe_dense_tp = 2, 2, 2, 1, None
+    group.enable_dp_lm_head, group.speculative = False, None
+    group.extra_sglang_args["attention_backend"] = "intel_amx"   # the profile adds it with speculative decoding only
+    return group
+
+
 def budgets(total_s: float = ENGINE_BUDGET_S):
     """Readiness budgets of a test engine: HTTP and server status each get `total_s` (a loaded 2-core
     machine is slow to load and warm up), the probes a third of it."""
