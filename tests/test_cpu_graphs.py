@@ -243,6 +243,7 @@ def memcpy_probe(python, fn, **env_over) -> dict:
     return json.loads(line[0].split(" ", 1)[1])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_dp_memcpy_on_0_5_15():
     """0.5.15.post1: DP attention's row copy is a Triton launch on CPU tensors too (no driver: dies);

@@ -77,6 +77,7 @@ def test_a_startup_timings_and_memory(engine_a):
     assert all(rss > 0 for _, rss in mem.values())
 
 
+@pytest.mark.e2e
 def test_b_greedy_equals_transformers_and_drafts_accepted(engine_b, tiny_match_model):
     assert "cpu-eagle-attn-backend" in active_fixes(engine_b)
     info = requests.get(engine_b.url + "/server_info", headers=auth_headers(engine_b.api_key), timeout=60).json()

@@ -22,7 +22,7 @@ from rollout.engines.client import EngineClient
 from rollout.engines.health import HealthMonitor, http_probe, scheduler_cpu
 from rollout.net import auth_headers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 INTERVAL_S, FAILURES = 0.5, 2
 

@@ -17,7 +17,7 @@ from support.engines import preset
 from rollout.net import auth_headers
 from rollout.routed_experts import MoELayout, decode_compact
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 LAY = MoELayout.from_first_k_dense(3, 1, 16, 4)  # rollout/models/tiny.py: 1 dense + 2 MoE, 16 experts, top-4
 PROMPT = [11 + (7 * j) % 200 for j in range(12)]
 

@@ -19,7 +19,7 @@ from rollout.net import free_port  # noqa: E402
 from rollout.engines.process import group_pids  # noqa: E402
 from training_configs.schema import EngineGroup  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_readiness.py")
 
 

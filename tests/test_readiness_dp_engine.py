@@ -20,7 +20,7 @@ from rollout.engines.readiness import wait_ready
 from rollout.net import free_port
 from support.engines import two_rank_dp
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]  # one engine start (2-6 min on a loaded 2-core box)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

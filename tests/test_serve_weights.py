@@ -12,7 +12,7 @@ from rollout.cli.serve_weights import WeightGuard
 from rollout.manager import RolloutManager, RolloutOptions, engine_source
 from rollout.slime.attach import Endpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def _post(url, path, body, timeout):
