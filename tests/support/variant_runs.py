@@ -13,7 +13,7 @@ import pytest
 from sglang_patches.registry import VARIANTS
 from sglang_patches.scenarios.runner import ROOT, env_python, run_states
 
-ALL = [v.name for v in VARIANTS]                     # every reviewed release, 0.5.23 (the main environment) last
+ALL = [v.name for v in VARIANTS]   # every reviewed release, in the registry's order (0.5.23, the main environment, first)
 REQUIRED = set(os.environ.get("SLIME_MOE_ROLLOUT_MATRIX", "").split())   # `make test` lists the ones it built
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="release-run")
 _FUTURES: dict = {}
