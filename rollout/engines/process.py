@@ -305,7 +305,7 @@ def clear_stale(host: str, port: int, ports: int = PORTS_PER_ENGINE) -> list[str
             kill_group(pgid, 5.0)
             killed = True
             notes.append(f"killed stale engine pid {pid} on port {q} ({why})")
-        end = time.monotonic() + (FREED_S if killed else 0.0)
+        end = time.monotonic() + FREED_S
         while killed and port_in_use(host, q) and time.monotonic() < end:
             time.sleep(0.05)   # the killed engine's open connections close a moment after it is gone
         if q == port and port_in_use(host, q):

@@ -679,10 +679,11 @@ def expected(variant: str) -> dict:
     return out
 
 
-def run(state: str) -> None:
+def run(state: str, scenarios: dict = SCENARIOS) -> None:
+    """`scenarios` (this list, or one that contains it: scenarios/every.py) in `state`, with the release's driver."""
     global API
     API = pick()
-    main(SCENARIOS, state, meta={"driver": API.release})
+    main(scenarios, state, meta={"driver": API.release})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ The version matrix runs it on every reviewed release; each list also runs alone 
 import sys
 
 from sglang_patches.scenarios import dp, retraction, tree_capture
-from sglang_patches.scenarios.runner import main
 
 LISTS = (dp.SCENARIOS, retraction.SCENARIOS, tree_capture.SCENARIOS)
 
@@ -24,5 +23,4 @@ def scenarios() -> dict:
 
 
 if __name__ == "__main__":
-    dp.API = dp.pick()
-    main(scenarios(), sys.argv[1], meta={"driver": dp.API.release})
+    dp.run(sys.argv[1], scenarios())

@@ -2,11 +2,14 @@
 at a time: asking for one release's result also starts the next release's in the background, so both cores
 work while the tests of the current release run. A result is computed in a worker thread; what it raises
 (a skip, a failure) is raised again in the test that asks for it."""
+import json
 import os
+import subprocess
 import sys
 import threading
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,10 +79,6 @@ print("STATUS " + json.dumps(out))
 
 
 def _statuses(variant: str) -> dict:
-    import json
-    import subprocess
-    from types import SimpleNamespace
-
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SLIME_MOE_ROLLOUT_DISABLE")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     r = subprocess.run([str(python_of(variant)), "-c", _STATUS, json.dumps(STATUS_ENV)], capture_output=True,
@@ -91,7 +90,5 @@ def _statuses(variant: str) -> dict:
 
 def status(variant: str, kind: str = "plain"):
     """(process-like answer, report) of `patches status --json` on the release with STATUS_ENV[kind] set."""
-    import json
-
     r = ahead("status", _statuses, variant)[kind]
     return r, json.loads(r.stdout)
