@@ -134,3 +134,17 @@ def test_launch_takes_the_first_engine_of_a_multi_engine_config():
     assert cfg.engine_groups[0].engines == 2
     spec = first_engine_spec(cfg, "/m", 31999)
     assert (spec.name, spec.port, spec.model_path, spec.gpu_offset) == ("tiny-0", 31999, "/m", 0)
+
+
+def test_open_backend_names_each_backend_and_imports_ray_only_when_chosen(tmp_path):
+    import subprocess
+    import sys
+    code = ("import sys; from rollout.engines.base import open_backend; b = open_backend('local', sys.argv[1]); "
+            "print(type(b).__name__, b.log_dir == sys.argv[1], 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["LocalBackend", "True", "False"], out.stderr
+    from rollout.engines.base import BACKENDS
+    import importlib
+    for kind, where in BACKENDS.items():
+        module, name = where.split(":")
+        assert getattr(importlib.import_module(module), name).name == kind

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from rollout.cli import port, positive_int
+from rollout.engines.base import BACKENDS
 from rollout.prompts import synthetic as prompts_for  # noqa: F401  (r3 and the benchmarks use it)
 from rollout.types import EngineEvent, SampleStatus
 
@@ -39,7 +40,7 @@ def add_parser(sub) -> None:
                    help="continue the killed run that wrote OUTPUT: run only the groups it has no line for")
     p.add_argument("--max-failed-fraction", type=_fraction, default=0.0,
                    help="exit 1 when more than this fraction of samples failed (default 0)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="local",
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default=None, help="engine logs (default: <output>.logs/)")
     p.add_argument("--seed", type=int, default=None, help="seed of the synthetic prompts (default 0)")
@@ -150,20 +151,10 @@ def _resumed_run(args) -> dict:
     return meta
 
 
-def _backend(kind: str, log_dir: str, cfg=None):
-    if kind == "ray":
-        from rollout.engines.ray_backend import RayBackend
-        # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
-        init = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, os.cpu_count() or 2)}
-        return RayBackend(log_dir, cpus_per_engine=1, init_kwargs=init)
-    from rollout.engines.local_backend import LocalBackend
-    return LocalBackend(log_dir)
-
-
 async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=None) -> int:
     """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
     from rollout.cli.console import progress_bar, start_failure, stderr_console
-    from rollout.engines.base import EngineStartError
+    from rollout.engines.base import EngineStartError, open_backend
     from rollout.engines.readiness import ReadinessError, RichView
     from rollout.errors import EnginesLost
     from rollout.manager import RolloutManager, group_record
@@ -175,7 +166,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     n, run_id = meta["num_groups"], meta["run_id"]
     prompts = [p.ids for p in dataset] if dataset else prompts_for(_vocab(cfg, model_path), n, meta["seed"])
     extra = {group_id(run_id, i): {"label": p.label, "metadata": p.metadata} for i, p in enumerate(dataset or ())}
-    backend = _backend(args.backend, args.log_dir or os.path.abspath(args.output) + ".logs")
+    backend = open_backend(args.backend, args.log_dir or os.path.abspath(args.output) + ".logs")
     mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=run_id)
     todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
             if group_id(run_id, i) not in done]

@@ -23,6 +23,7 @@ import time
 
 from rollout.cli import port
 from rollout.cli.console import say as _say
+from rollout.engines.base import BACKENDS
 from rollout.types import EngineEvent
 
 
@@ -32,7 +33,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="start the engines and keep them up for slime to attach (managed mode)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="training config YAML (e.g. training_configs/tiny-cpu.yaml)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="local",
                    help="engines as local child processes, or in Ray actors with placement groups")
     p.add_argument("--log-dir", default="serve.logs", help="engine logs (default: ./serve.logs)")
     p.add_argument("--base-port", type=port, default=None,
@@ -66,11 +67,10 @@ def _write_key(log_dir: str, key: str) -> str:
 
 async def _serve(cfg, model_path: str, args) -> int:
     from rollout.cli.console import progress_bar, start_failure, stderr_console
-    from rollout.engines.base import EngineStartError
+    from rollout.engines.base import EngineStartError, open_backend
     from rollout.engines.client import EngineClient
     from rollout.engines.readiness import LineView, ReadinessError, RichView
     from rollout.manager import RolloutManager
-    from rollout.cli.run import _backend
     from rollout.cli.serve_weights import WeightGuard
     from training_configs.slime_check import managed_checks
 
@@ -83,7 +83,7 @@ async def _serve(cfg, model_path: str, args) -> int:
     progress = progress_bar(console)
     client = EngineClient()
     guard = WeightGuard(client, cfg.rollout.restart_checkpoint, lambda text: _say(console, text))
-    mgr = RolloutManager.from_config(cfg, _backend(args.backend, args.log_dir, cfg), model_path, client=client,
+    mgr = RolloutManager.from_config(cfg, open_backend(args.backend, args.log_dir), model_path, client=client,
                                      view=RichView(progress), weight_sync_hook=guard.hook,
                                      restart_view=LineView(lambda text: _say(console, text)))  # a line per phase
     fleet = mgr.source

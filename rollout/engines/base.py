@@ -9,6 +9,7 @@ may pass their own `command(spec)`); `rollout.engines.readiness` admits it.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 from typing import Callable, Optional, Protocol, runtime_checkable
@@ -58,3 +59,14 @@ def describe_exit(rc: Optional[int]) -> str:
 def log_name(log_dir: str, spec: EngineSpec, start: int, node: int = 0, nnodes: int = 1) -> str:
     stem = spec.name + (f".node{node}" if nnodes > 1 else "")
     return os.path.join(log_dir, f"{stem}.log" if start == 0 else f"{stem}.restart{start}.log")
+
+
+# `--backend` name -> the backend's class, imported only when chosen (Ray is heavy)
+BACKENDS = {"local": "rollout.engines.local_backend:LocalBackend",
+            "ray": "rollout.engines.ray_backend:RayBackend"}
+
+
+def open_backend(kind: str, log_dir: str):
+    """The backend named `kind`, its engines logging under log_dir."""
+    module, name = BACKENDS[kind].split(":")
+    return getattr(importlib.import_module(module), name)(log_dir)

@@ -143,7 +143,9 @@ class RayBackend:
         self.cpus_per_engine, self.use_gpus, self.pg_timeout_s = cpus_per_engine, use_gpus, pg_timeout_s
         self._owns_ray = False
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+            if init_kwargs is None:  # RAY_ADDRESS set: join that cluster as it is; else a local one sized to this machine
+                init_kwargs = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, os.cpu_count() or 2)}
+            ray.init(include_dashboard=False, log_to_driver=False, **init_kwargs)
             self._owns_ray = True
         self._starts: dict[str, int] = {}
 
