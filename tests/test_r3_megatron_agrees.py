@@ -7,7 +7,7 @@ go through REAL megatron-core 0.16.1 `TopKRouter`s (the checkpoint's router weig
 bias as `expert_bias`, sigmoid, 4 groups keep 2, scaling 2.5, fp32 router) in
 `RouterReplayAction.REPLAY_FORWARD`, fed by `pack_replay_indices`. Every real row must pick the same
 experts with the same weights as the transformers arm; without replay, megatron's own choice differs.
-CPU shims as in test_routed_experts_megatron.py (test only). Runs in a subprocess (megatron state).
+CPU shims as in scripts/gpu_check/megatron_replay.py. Runs in a subprocess (megatron state).
 """
 import json
 import os

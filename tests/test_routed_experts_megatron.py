@@ -1,153 +1,41 @@
 """Routed experts into a REAL megatron-core 0.16.1 TopKRouter on CPU (gloo, world size 1).
 
-Two kinds of captured routing, in one packed microbatch shaped like the tiny GLM-4.5 (3 layers,
-layer 0 dense, 16 experts, top-4): (1) routing chosen by a second set of megatron routers with other
-weights (a stand-in engine) and encoded as SGLang's payload; (2) a payload saved from the REAL
-SGLang CPU engine (``test_routed_experts_real_payload.py``). Both are decoded/validated/compacted,
-packed with slime's padding convention and loaded with ``RouterReplay.set_replay_data``; the
-trainer's routers in ``REPLAY_FORWARD`` must choose exactly the captured experts, token for token,
-while on their own they choose others.
-
-CPU shims (megatron-core 0.16.1, test only; GPU trainers need none):
-- ``Router.gating`` moves CPU weights to ``torch.cuda.current_device()``: patched to return "cpu".
-- ``moe_utils.te_general_gemm`` is never defined without Transformer Engine (NameError in
-  ``RouterGatingLinearFunction``): set to None, megatron's own non-TE branch.
-The worker runs in a subprocess so torch.distributed / megatron global state never leaks.
-``python tests/test_routed_experts_megatron.py --check cuda`` runs the same replay and assertions on CUDA
-(nccl, routers and tensors on the GPU, no shims): scripts/gpu_check runs it on the device machine.
+scripts/gpu_check/megatron_replay.py (the device check's program, see its docstring) replays two kinds
+of captured routing, a stand-in engine's and a payload recorded from the real SGLang CPU engine, into
+the trainer's routers in ``REPLAY_FORWARD``; here it runs on CPU with its two shims, in its own process
+(torch.distributed and megatron's global state never leak).
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check" / "megatron_replay.py"
 
 
 def test_megatron_router_replays_captured_experts():
-    check_replay("cpu")
-
-
-def check_replay(device: str) -> dict:
-    """Run the worker on `device` ("cpu": gloo with the CPU shims; "cuda": nccl, no shims) and assert."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, __file__, "--worker", device], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, str(SCRIPT), "cpu"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["replay_equal_all_tokens"] is True
-    assert res["replay_equals_captured"] is True
-    assert res["own_choice_differs_tokens"] > 0, res
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[0])
+    assert res["replay_equal_all_tokens"] is True and res["replay_equals_captured"] is True
     assert res["real_payload_replayed"] is True
+    assert res["own_choice_differs_tokens"] > 0, res   # the replay, not the routers' own choice, made them equal
     assert res["num_routers"] == 2 and res["packed_rows"] == 36
     assert res["pad_rows_per_ep_rank_spread"] <= 1, res  # replay padding spread over the 4 EP ranks
-    assert res["device"] == device, res
-    return res
+    assert res["device"] == "cpu", res
 
 
-def _worker(device: str):
-    from contextlib import nullcontext
-    from unittest import mock
+def test_an_unmet_expectation_is_named():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from megatron_replay import unmet
 
-    import numpy as np
-    import torch
-
-    from rollout.routed_experts import MoELayout, encode_sglang, load_replay, sample_routed_experts
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_routed_experts_real_payload import CAPTURED
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cpu = device == "cpu"
-    if not cpu:
-        torch.cuda.set_device(0)
-    torch.distributed.init_process_group("gloo" if cpu else "nccl", rank=0, world_size=1)
-    try:
-        from megatron.core import parallel_state
-        import megatron.core.transformer.moe.moe_utils as moe_utils
-        from megatron.core.transformer.moe.router import TopKRouter
-        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
-        from megatron.core.transformer.transformer_config import TransformerConfig
-
-        parallel_state.initialize_model_parallel(1, 1)
-        if not hasattr(moe_utils, "te_general_gemm"):
-            moe_utils.te_general_gemm = None  # shim 2 (see module docstring)
-        lay = MoELayout.from_hf_config(CAPTURED["hf_config"])
-        real = CAPTURED["full"]
-        real_tokens = len(real["input_ids"] + real["output_ids"])
-        hidden = 32
-
-        def routers(seed, replay):
-            torch.manual_seed(seed)
-            cfg = TransformerConfig(
-                num_layers=lay.num_hidden_layers, hidden_size=hidden, num_attention_heads=4,
-                num_moe_experts=lay.num_experts, moe_router_topk=lay.topk, moe_enable_routing_replay=replay,
-                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_score_function="sigmoid",
-                moe_router_dtype="fp32", use_cpu_initialization=cpu, init_method_std=1.0)
-            return [TopKRouter(cfg, pg_collection=moe_utils.get_default_pg_collection()) for _ in lay.moe_layers]
-
-        def top_ids(routing_map):  # [N, E] bool -> [N, K] sorted ids
-            return routing_map.nonzero()[:, 1].view(routing_map.shape[0], lay.topk)
-
-        with mock.patch.object(torch.cuda, "current_device", lambda: "cpu") if cpu else nullcontext():  # shim 1
-            engine = routers(seed=1, replay=False)   # stand-in for the rollout engine's routers
-            trainer = routers(seed=2, replay=True)   # the trainer's routers, different weights
-            assert len(RouterReplay.global_router_replay_instances) == len(trainer)
-            token_lengths = [7, 5, real_tokens]
-            samples = [torch.randn(t, 1, hidden, generator=torch.Generator().manual_seed(10 + i)).to(device)
-                       for i, t in enumerate(token_lengths)]
-            compacts = []
-            with torch.no_grad():
-                for h, t in zip(samples[:2], token_lengths):
-                    full = np.zeros((t - 1, lay.num_hidden_layers, lay.topk), np.int32)  # dense layer 0 = zeros
-                    for j, layer in enumerate(lay.moe_layers):
-                        full[:, layer] = top_ids(engine[j](h[:-1])[1]).cpu().numpy()  # last token: no routing
-                    comp, reason = sample_routed_experts({"routed_experts": encode_sglang(full)}, t, lay)
-                    assert reason is None, reason
-                    compacts.append(comp)
-                comp, reason = sample_routed_experts(real["meta_info"], real_tokens, lay)
-                assert reason is None, reason
-                compacts.append(comp)
-                per_layer = load_replay(compacts, lay, token_lengths=token_lengths, pad_to_multiple=12, ep_size=4)
-                n = per_layer[0].shape[0]
-                packed = torch.zeros(n, 1, hidden, device=device)
-                packed[: sum(token_lengths)] = torch.cat(samples)  # slime thd packing, then padding rows
-                RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
-                replayed = [r(packed)[1].cpu() for r in trainer]
-                RouterReplay.clear_global_router_replay_action()
-                own = [r(packed)[1].cpu() for r in trainer]
-                captured = [engine[j](packed)[1].cpu() for j in range(len(engine))]
-                on_device = {str(t.device) for r in trainer + engine for t in r.parameters()}
-        expected = [torch.zeros(n, lay.num_experts, dtype=torch.bool).scatter(1, p, True) for p in per_layer]
-        starts = np.cumsum([0] + token_lengths)
-        stand_in_rows = torch.tensor([*range(starts[0], starts[1] - 1), *range(starts[1], starts[2] - 1)])
-        real_rows = torch.arange(starts[2], starts[3] - 1)  # each sample's last token is a padding row
-        real_sets = [torch.zeros(real_tokens - 1, lay.num_experts, dtype=torch.bool).scatter(
-            1, torch.from_numpy(comp[:, j]).long(), True) for j in range(lay.num_moe_layers)]
-        pad_rows = torch.tensor(sorted(set(range(n)) - set(stand_in_rows.tolist()) - set(real_rows.tolist())))
-        pad_per_rank = [a[pad_rows].sum(0).view(4, -1).sum(1) for a in replayed]
-        res = {
-            "num_routers": len(trainer), "packed_rows": n, "device": ",".join(sorted({d.split(":")[0] for d in on_device})),
-            "pad_rows_per_ep_rank_spread": max(int(c.max() - c.min()) for c in pad_per_rank),
-            "replay_equal_all_tokens": all(torch.equal(a, b) for a, b in zip(replayed, expected)),
-            "replay_equals_captured": all(torch.equal(a[stand_in_rows], c[stand_in_rows])
-                                          for a, c in zip(replayed, captured)),
-            "real_payload_replayed": all(torch.equal(a[real_rows], b) for a, b in zip(replayed, real_sets)),
-            "own_choice_differs_tokens": int(sum((a[stand_in_rows] != c[stand_in_rows]).any(1).sum()
-                                                 for a, c in zip(own, captured))),
-        }
-        print(json.dumps(res))
-    finally:
-        RouterReplay.clear_global_router_replay_instances()
-        torch.distributed.destroy_process_group()
-
-
-if __name__ == "__main__" and "--worker" in sys.argv:
-    _worker(sys.argv[-1] if sys.argv[-1] != "--worker" else "cpu")
-elif __name__ == "__main__" and "--check" in sys.argv:
-    print(json.dumps(check_replay(sys.argv[-1])))
+    good = {"replay_equal_all_tokens": True, "replay_equals_captured": True, "own_choice_differs_tokens": 12,
+            "real_payload_replayed": True, "num_routers": 2, "packed_rows": 36, "pad_rows_per_ep_rank_spread": 0,
+            "device": "cuda"}
+    assert unmet(good, "cuda") == []
+    assert unmet({**good, "real_payload_replayed": False, "device": "cpu"}, "cuda") == [
+        "the real SGLang payload replayed", "every router and tensor on cuda"]

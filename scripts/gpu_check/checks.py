@@ -87,13 +87,13 @@ def check_capture_snapshot():
 
 
 def check_megatron_replay():
-    """The R3 replay test run as a program with routers and tensors on CUDA (nccl), same assertions."""
+    """The R3 replay (megatron_replay.py, which tests/test_routed_experts_megatron.py runs on CPU) on CUDA, nccl."""
     if not cuda():
         return judge("megatron_replay_cuda", "SKIP", "no CUDA device")
-    rc, out, err = py(["tests/test_routed_experts_megatron.py", "--check", "cuda"], 300)
+    rc, out, err = py(["scripts/gpu_check/megatron_replay.py", "cuda"], 300)
     if rc != 0:
-        return judge("megatron_replay_cuda", "FAIL", f"rc {rc}: {err.strip()[-1500:]}")
-    judge("megatron_replay_cuda", "PASS", out.strip().splitlines()[-1])
+        return judge("megatron_replay_cuda", "FAIL", f"rc {rc}: {(out + err).strip()[-1500:]}")
+    judge("megatron_replay_cuda", "PASS", out.strip().splitlines()[0])
 
 
 def check_cuda_branches():
