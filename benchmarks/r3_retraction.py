@@ -1,10 +1,12 @@
 """Retract-mode weight update mid-rollout: samples kept, and their replay mismatch, with the retraction-rows fix.
 
 A real SGLang CPU engine (training_configs/near-tie-cpu.yaml: the near-tie tiny GLM-4.5, the plugin on) rolls
-prompts out through the rollout manager (routed experts, logprobs, every answer's meta_info kept). Once a third
-of the groups are in, the update runs as Miles runs it: `pause_generation(mode="retract")`, flush, a weight
-update, `update_weight_version`, `continue_generation`. The update reloads the same checkpoint under a new
-version name, so every token's sampling weights equal the trainer's and the replay mismatch isolates the rows.
+prompts out through the rollout manager (routed experts, logprobs, every answer's meta_info kept). Each time a
+quarter of the groups are in (`--updates 3`), an update runs as Miles runs it: `pause_generation(mode="retract")`,
+flush, a weight update under a new version name, `continue_generation`. The update reloads the same checkpoint,
+so every token's sampling weights equal the trainer's and the replay mismatch isolates the rows. Printed beside
+the judged lines: the requests each update retracts, and the retracted samples' mismatch split at their first
+update (the tokens sampled before the retraction and after the re-prefill).
 
 Judged (benchmarks/targets.toml):
 - refused_with_fix: samples the manager refused (the engine states its retraction rule in meta_info); target 0.
@@ -29,36 +31,35 @@ CONFIG = os.path.join(ROOT, "training_configs", "near-tie-cpu.yaml")
 BENCH = "r3_retraction"
 
 
-async def _update_when(mgr, sink, after_groups: int, model: str) -> str:
-    """Miles' update sequence on every engine once `after_groups` groups are in; returns the new version."""
-    import aiohttp
+async def _updates(mgr, sink, marks: list, model: str) -> None:
+    """Miles' update sequence on every engine each time the groups in reach a mark (the same checkpoint, a new
+    version each time): pause (retract), flush, update, continue."""
+    from rollout.errors import EngineRejected
 
-    from rollout.net import auth_headers
-
-    while len(sink.groups) < after_groups:
-        await asyncio.sleep(0.05)
-    for eng in list(mgr.source.engines.values()):
-        h = auth_headers(eng.api_key)
-        async with aiohttp.ClientSession() as s:
-            for method, path, body in (("post", "/pause_generation", {"mode": "retract"}),
-                                       ("get", "/flush_cache", None),
-                                       ("post", "/update_weights_from_disk", {"model_path": model}),
-                                       ("post", "/update_weight_version", {"new_version": "v2",
-                                                                          "abort_all_requests": False}),
-                                       ("post", "/continue_generation", {})):
-                async with s.request(method, eng.url + path, json=body, headers=h) as r:
-                    if r.status != 200 and path != "/flush_cache":
-                        raise RuntimeError(f"{path}: HTTP {r.status} {(await r.text())[:200]}")
-    return "v2"
+    for i, mark in enumerate(marks):
+        while len(sink.groups) < mark:
+            await asyncio.sleep(0.05)
+        for eng in list(mgr.source.engines.values()):
+            loads = await mgr.client.loads(eng)
+            fact(BENCH, f"update {i + 1} after {mark} groups: {eng.name} runs "
+                        f"{sum(ld.get('num_running_reqs') or 0 for ld in loads)} requests, "
+                        f"{sum(ld.get('num_waiting_reqs') or 0 for ld in loads)} waiting")
+            await mgr.client.pause_generation(eng, mode="retract")
+            try:
+                await mgr.client.flush_cache(eng)
+            except EngineRejected:   # a flush the engine refuses while it holds requests changes nothing here
+                pass
+            await mgr.client.update_weights_from_disk(eng, model, f"v{i + 2}")
+            await mgr.client.continue_generation(eng)
 
 
-async def _rollout(mgr, prompts, model, after_groups):
+async def _rollout(mgr, prompts, model, marks):
     from rollout.r3.check import _Sink
 
     sink = _Sink()
     await mgr.start()
     try:
-        update = asyncio.create_task(_update_when(mgr, sink, after_groups, model))
+        update = asyncio.create_task(_updates(mgr, sink, marks, model))
         await mgr.rollout(prompts, sink, batch_size=len(prompts))
         await update
     finally:
@@ -66,11 +67,31 @@ async def _rollout(mgr, prompts, model, after_groups):
     return [s for g in sink.groups for s in g.samples]
 
 
+def _split_at_update(lm, samples, meta) -> dict:
+    """k3 KL / mean |d| with replay over the response tokens before each sample's first weight-version change
+    (`meta_info["weight_versions"]` spans, SGLang 0.5.23) and after it."""
+    from rollout.r3.metrics import logprob_stats
+    from rollout.r3.replay import recompute
+
+    parts = {"before": ([], []), "after": ([], [])}
+    for s in samples:
+        spans = meta(s).get("weight_versions") or []
+        if len(spans) < 2:
+            continue
+        k = spans[1]["start"]
+        trainer = recompute(lm, s.prompt_ids, s.response_ids, s.routed_experts).logprobs
+        for part, sl in (("before", slice(0, k)), ("after", slice(k, None))):
+            parts[part][0].extend(trainer[sl])
+            parts[part][1].extend(s.logprobs[sl])
+    return {part: logprob_stats(t, r) for part, (t, r) in parts.items() if t}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=CONFIG)
-    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--updates", type=int, default=3, help="retract-mode updates, spread over the rollout")
     a = ap.parse_args()
     import numpy as np
 
@@ -94,7 +115,8 @@ def main() -> int:
                            ports=[free_port(cfg.rollout.host)])
     mgr = RolloutManager(source, dataclasses.replace(RolloutOptions.from_config(cfg), keep_answers=True))
     prompts = prompts_for(cfg.model.vocab_size or 320, a.prompts, 0)
-    samples = asyncio.run(_rollout(mgr, prompts, model, max(1, a.prompts // 3)))
+    marks = [max(1, a.prompts * (i + 1) // (a.updates + 1)) for i in range(a.updates)]
+    samples = asyncio.run(_rollout(mgr, prompts, model, marks))
 
     def meta(s):
         return s.outputs[-1][2] if s.outputs else {}
@@ -126,6 +148,9 @@ def main() -> int:
                 f"{replay_r.flip_rate:.2%}), unretracted {replay_u.k3_kl:.3g} ({replay_u.tokens} tokens, "
                 f"flip rate {replay_u.flip_rate:.2%}); mean |d| {replay_r.mean_abs_diff:.3g} vs "
                 f"{replay_u.mean_abs_diff:.3g}")
+    for part, st in _split_at_update(lm, ret, meta).items():
+        fact(BENCH, f"retracted samples, response tokens {part} their first update: k3 KL {st['k3_kl']:.3g}, "
+                    f"mean |d| {st['mean_abs_diff']:.3g} ({st['tokens']} tokens)")
     judge(BENCH, "k3_kl_retracted", replay_r.k3_kl / replay_u.k3_kl if replay_u.k3_kl > 0 else float("inf"))
     return finish()
 

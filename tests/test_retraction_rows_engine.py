@@ -1,12 +1,13 @@
-"""retraction-rows on the REAL CPU engine (SGLang 0.5.23, the near-tie GLM-4.5 of training_configs/near-tie-cpu.yaml,
-greedy, the plugin on). e2e: two engines, run under `flock /tmp/engine.lock`.
+"""retraction-rows on the REAL CPU engine (the near-tie GLM-4.5 of training_configs/near-tie-cpu.yaml, greedy, the
+plugin on): SGLang 0.5.23 in this interpreter, and the same tests on slime's 0.5.15.post1 in that release's
+(`test_on_slimes_release`). e2e: two engines at a time.
 
 "Without the fix" is the same engine answering requests that ask for SGLang's own rows (custom_params
 ``RULE_KEY = RECOMPUTED``: the fix's hooks leave them alone); "with the fix" is the default rule. Each retracted
 request's rows are compared with a reference run of the same prompts that nobody retracts (the rows captured
 when those tokens were sampled), up to the first output token that differs from the reference:
 
-(a) KV pressure: a 224-token pool and 16 concurrent requests with ``min_new_tokens`` (``ignore_eos`` would make
+(a) KV pressure: a 224-token pool and 32 concurrent requests with ``min_new_tokens`` (``ignore_eos`` would make
     SGLang reserve each request's whole budget at admission and never retract).
 (b) ``pause_generation(mode="retract")`` once every streamed request has BEFORE tokens, then continue, with and
     without a weight update in between (Miles' sequence); the rows of the positions computed before the pause
@@ -31,8 +32,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "training_configs" / "near-tie-cpu.yaml")
 LAYERS, TOPK = 5, 8            # the near-tie model: 1 dense + 4 MoE layers, top-8
-N_REQ, NEW = 16, 48            # (a): 16 concurrent requests of 48 new tokens each
-SMALL_POOL = 224
+N_REQ, NEW = 32, 128           # (a): 32 concurrent requests of 128 new tokens each (measured: 6 of them retracted)
+SMALL_POOL, POOL = 224, 8192   # (a)'s pool; the reference's holds every request whole
 STREAMED, BEFORE, LONG = 3, 8, 96   # (b): 3 streamed requests, paused after 8 tokens each, 96 new tokens
 RULES = {"stock": RECOMPUTED, "fix": SAMPLING_TIME}
 
@@ -85,8 +86,8 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(engine_pool, models):
-    """The unretracted reference: the batch on the config's own pool (4,096 tokens)."""
-    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    """The unretracted reference: the batch on a pool that holds every request whole."""
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0], args={"max_total_tokens": POOL}))
     ref = batch(eng, SAMPLING_TIME)
     assert all(o["meta_info"]["num_retractions"] == 0 for o in ref)
     return ref
@@ -168,7 +169,7 @@ def _pause_rows(eng, ref, between, after=lambda: None):
 
 
 def test_b_pause_retract_same_weights(engine_pool, models, reference):
-    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0], args={"max_total_tokens": POOL}))
     ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
     got, _ = _pause_rows(eng, ref, lambda: _post(eng, "/continue_generation", {}))
     print("pause retract, same weights:", json.dumps(got))
@@ -178,34 +179,58 @@ def test_b_pause_retract_same_weights(engine_pool, models, reference):
 def test_b_pause_retract_weight_update(engine_pool, models, reference):
     """Miles' sequence between pause and continue: flush, update to the seed-1 weights, name the version. The rows
     of the positions computed before the pause: the old weights' routes with the fix, the new ones' without."""
-    eng = engine_pool.get("near-tie", preset(CONFIG, models[0]))
+    eng = engine_pool.get("near-tie", preset(CONFIG, models[0], args={"max_total_tokens": POOL}))
     ref = [generate(eng, p, LONG, SAMPLING_TIME) for p in prompts()[:STREAMED]]
 
     def restore():
         _post(eng, "/continue_generation", {})
         _post(eng, "/update_weights_from_disk", {"model_path": models[0], "weight_version": "default"})
 
-    got, outs = _pause_rows(eng, ref, lambda: _miles_update(eng, models[1], "seed1"), restore)
-    print("pause retract, weight update:", json.dumps(got))
-    assert sum(got["stock"]["differ"]) > 0 and sum(got["fix"]["differ"]) == 0, got
-    replay = _replay_rules(models[1], outs)
+    flushed = []
+    got, outs = _pause_rows(eng, ref, lambda: flushed.append(_miles_update(eng, models[1], "seed1")), restore)
+    print("pause retract, weight update:", json.dumps(got), "flush:", flushed)
+    assert sum(got["fix"]["differ"]) == 0, got
+    if flushed == [200, 200]:   # the re-prefill recomputes the prefix under the new weights
+        assert sum(got["stock"]["differ"]) > 0, got
+    else:   # 0.5.15.post1 / 0.5.16 refuse the flush: the retracted prefix is a cache hit, old KV and old rows
+        assert 200 not in flushed and sum(got["stock"]["differ"]) == 0, (flushed, got)
+    replay = _replay_rules(models[1], outs) if "weight_versions" in outs["fix"][1][0]["meta_info"] else \
+        "not split: this release reports no weight_versions spans"
     print("replay after a weight update (trainer: new weights):", json.dumps(replay))
     Path(os.environ.get("RETRACTION_REPLAY_JSON", os.devnull)).write_text(json.dumps({"rows": got, "replay": replay}))
 
 
 def test_a_kv_pressure_retraction(engine_pool, models, reference):
     eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}))
-    got = {}
+    got, replay = {}, {}
     for name, rule in RULES.items():
         out = batch(eng, rule)
         assert all(o["meta_info"].get(META_KEY) == rule for o in out)
         got[name] = _kv_pressure(out, reference)
+        replay[name] = _replay_sets(models[0], out)
     print("KV pressure:", json.dumps(got))
+    print("KV pressure, replay (trainer: the same weights):", json.dumps(replay))
     assert got["stock"]["retracted"] and got["fix"]["retracted"], got
     assert got["stock"]["differ"] > 0, got             # the re-prefill's routes replace the sampled ones
     assert got["fix"]["differ"] < got["stock"]["differ"], got
-    # unretracted requests differ from the reference in a few token-layers too (batch composition; measured
-    # 4 of 2,760 and 7 of 2,692): printed, not asserted
+    # unretracted requests differ from the reference in a few token-layers too (batch composition): printed,
+    # not asserted
+
+
+def _replay_sets(trainer_path, out):
+    """k3 KL and mean |d| of the trainer forward with the returned rows replayed, retracted vs unretracted requests."""
+    from rollout.r3.metrics import logprob_stats
+    from rollout.r3.replay import load_model, recompute
+
+    model = load_model(trainer_path, "bfloat16")
+    sets = {"retracted": ([], []), "unretracted": ([], [])}
+    for prompt, o in zip(prompts(), out, strict=True):
+        full = decode_routed(o["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:]
+        key = "retracted" if o["meta_info"]["num_retractions"] else "unretracted"
+        sets[key][0].extend(recompute(model, prompt, o["output_ids"], full).logprobs)
+        sets[key][1].extend(x[0] for x in o["meta_info"]["output_token_logprobs"])
+    return {key: {k: logprob_stats(t, r)[k] for k in ("tokens", "k3_kl", "mean_abs_diff")}
+            for key, (t, r) in sets.items() if t}
 
 
 def _replay_rules(trainer_path, outs):
@@ -229,3 +254,20 @@ def _replay_rules(trainer_path, outs):
         report[name] = {part: {key: logprob_stats(t, r)[key] for key in ("tokens", "k3_kl", "mean_abs_diff")}
                         for part, (t, r) in parts.items()}
     return report
+
+
+def test_on_slimes_release():
+    """The tests above on SGLang 0.5.15.post1 (slime's image), in that release's interpreter; their numbers printed."""
+    import subprocess
+    import sys
+
+    from support.variant_runs import python_of
+
+    if "0.5.15" in __import__("sglang").__version__:
+        pytest.skip("this interpreter is 0.5.15.post1 already")
+    here = Path(__file__).resolve()
+    proc = subprocess.run([str(python_of("0.5.15.post1")), "-m", "pytest", str(here), "-m", "e2e", "-q", "-s",
+                           "-p", "no:cacheprovider", "-k", "not test_on_slimes_release"], cwd=here.parents[1],
+                          capture_output=True, text=True, timeout=1700)
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
