@@ -7,7 +7,8 @@ plugin on): SGLang 0.5.23 in this interpreter, and the same tests on slime's 0.5
 request's rows are compared with a reference run of the same prompts that nobody retracts (the rows captured
 when those tokens were sampled), up to the first output token that differs from the reference:
 
-(a) KV pressure: a 224-token pool and 32 concurrent requests with ``min_new_tokens`` (``ignore_eos`` would make
+(a) KV pressure: a 224-token pool and 32 concurrent requests with ``min_new_tokens``, the token ratio SGLang raises
+    after a retraction decaying in 20 steps instead of 600 (``ignore_eos`` would make
     SGLang reserve each request's whole budget at admission and never retract).
 (b) ``pause_generation(mode="retract")`` once every streamed request has BEFORE tokens, then continue, with and
     without a weight update in between (Miles' sequence); the rows of the positions computed before the pause
@@ -58,8 +59,14 @@ def generate(eng, prompt, n, rule):
 
 
 def batch(eng, rule, n=NEW):
+    import time
+
+    t0 = time.monotonic()
     with ThreadPoolExecutor(N_REQ) as ex:
-        return list(ex.map(lambda p: generate(eng, p, n, rule), prompts()))
+        out = list(ex.map(lambda p: generate(eng, p, n, rule), prompts()))
+    print(f"{N_REQ} requests of {n} tokens ({rule}): {time.monotonic() - t0:.0f} s, "
+          f"{sum(o['meta_info']['num_retractions'] for o in out)} retractions", flush=True)
+    return out
 
 
 def rows(out):
@@ -201,7 +208,10 @@ def test_b_pause_retract_weight_update(engine_pool, models, reference):
 
 
 def test_a_kv_pressure_retraction(engine_pool, models, reference):
-    eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}))
+    # after a retraction SGLang admits new requests by a raised token ratio that decays over 600 decode steps;
+    # on this pool it runs one request at a time for minutes: 20 steps keep the pool under pressure
+    eng = engine_pool.get("near-tie-small-pool", preset(CONFIG, models[0], args={"max_total_tokens": SMALL_POOL},
+                                                        env={"SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "20"}))
     got, replay = {}, {}
     for name, rule in RULES.items():
         out = batch(eng, rule)
