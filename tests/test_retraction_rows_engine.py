@@ -227,42 +227,53 @@ def test_a_kv_pressure_retraction(engine_pool, models, reference):
     # not asserted
 
 
+def _logprobs(model, prompt, o):
+    """(trainer, rollout) logprobs of one answer's response tokens, the answer's rows replayed in the trainer."""
+    from rollout.r3.replay import recompute
+
+    full = decode_routed(o["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:]
+    return (recompute(model, prompt, o["output_ids"], full).logprobs,
+            [x[0] for x in o["meta_info"]["output_token_logprobs"]])
+
+
+def _stats(parts):
+    """{part: (trainer, rollout) logprob lists} -> {part: tokens, k3 KL, mean |d|}."""
+    from rollout.r3.metrics import logprob_stats
+
+    return {part: {k: logprob_stats(t, r)[k] for k in ("tokens", "k3_kl", "mean_abs_diff")}
+            for part, (t, r) in parts.items()}
+
+
 def _replay_sets(trainer_path, out):
     """k3 KL and mean |d| of the trainer forward with the returned rows replayed, retracted vs unretracted requests."""
-    from rollout.r3.metrics import logprob_stats
-    from rollout.r3.replay import load_model, recompute
+    from rollout.r3.replay import load_model
 
     model = load_model(trainer_path, "bfloat16")
     sets = {"retracted": ([], []), "unretracted": ([], [])}
     for prompt, o in zip(prompts(), out, strict=True):
-        full = decode_routed(o["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:]
+        trainer, lp = _logprobs(model, prompt, o)
         key = "retracted" if o["meta_info"]["num_retractions"] else "unretracted"
-        sets[key][0].extend(recompute(model, prompt, o["output_ids"], full).logprobs)
-        sets[key][1].extend(x[0] for x in o["meta_info"]["output_token_logprobs"])
-    return {key: {k: logprob_stats(t, r)[k] for k in ("tokens", "k3_kl", "mean_abs_diff")}
-            for key, (t, r) in sets.items() if t}
+        sets[key][0].extend(trainer)
+        sets[key][1].extend(lp)
+    return _stats({key: lists for key, lists in sets.items() if lists[0]})
 
 
 def _replay_rules(trainer_path, outs):
     """k3 KL and mean |d| of the trainer forward (new weights) with each rule's rows replayed, for the response
     tokens sampled before the update, after it, and the whole sample."""
-    from rollout.r3.metrics import logprob_stats
-    from rollout.r3.replay import load_model, recompute
+    from rollout.r3.replay import load_model
 
     model = load_model(trainer_path, "bfloat16")
     report = {}
     for name, (at_pause, out) in outs.items():
         parts = {"before": ([], []), "after": ([], []), "whole": ([], [])}
         for prompt, o in zip(prompts(), out):
-            full = decode_routed(o["meta_info"]["routed_experts"], LAYERS, TOPK)[:, 1:]
-            lp = [x[0] for x in o["meta_info"]["output_token_logprobs"]]
-            trainer = recompute(model, prompt, o["output_ids"], full).logprobs
+            trainer, lp = _logprobs(model, prompt, o)
             k = o["meta_info"]["weight_versions"][1]["start"]   # output tokens [0, k): the old weights
             for part, sl in (("before", slice(0, k)), ("after", slice(k, None)), ("whole", slice(None))):
                 parts[part][0].extend(trainer[sl])
                 parts[part][1].extend(lp[sl])
-        report[name] = {part: {key: logprob_stats(t, r)[key] for key in ("tokens", "k3_kl", "mean_abs_diff")}
-                        for part, (t, r) in parts.items()}
+        report[name] = _stats(parts)
     return report
 
 

@@ -66,7 +66,11 @@ BACKENDS = {"local": "rollout.engines.local_backend:LocalBackend",
             "ray": "rollout.engines.ray_backend:RayBackend"}
 
 
+def backend_class(kind: str) -> type:
+    module, name = BACKENDS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def open_backend(kind: str, log_dir: str):
     """The backend named `kind`, its engines logging under log_dir."""
-    module, name = BACKENDS[kind].split(":")
-    return getattr(importlib.import_module(module), name)(log_dir)
+    return backend_class(kind)(log_dir)
