@@ -1,4 +1,4 @@
-"""Retract-mode weight update mid-rollout: samples kept, and their replay mismatch, with the retraction-rows fix.
+"""Retract-mode weight update mid-rollout: samples kept, and their replay mismatch, with the retraction fixes.
 
 A real SGLang CPU engine (training_configs/near-tie-cpu.yaml: the near-tie tiny GLM-4.5, the plugin on) rolls
 prompts out through the rollout manager (routed experts, logprobs, every answer's meta_info kept). Each time a
@@ -13,7 +13,8 @@ Judged (benchmarks/targets.toml):
   Printed beside it: the samples today's client refuses on the same answers (`retraction_reason` without the
   engine's statement), and the mean response length of those vs the rest (the length bias of dropping them).
 - k3_kl_retracted: k3 KL of `r3 check`'s replay (transformers' forward with the captured rows) on the
-  retracted samples / on the unretracted ones; target <= 1.5.
+  retracted samples / on the unretracted ones; target <= 1.5. Printed beside it: the same ratio from a second
+  engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and updates.
 """
 import argparse
 import asyncio
@@ -106,21 +107,41 @@ def main() -> int:
     from rollout.routed_experts.retraction import retraction_reason
     from rollout.types import SampleStatus
     from sglang_patches.fixes.retraction_rows import META_KEY
+    from sglang_patches.registry import DISABLE_ENV
 
     model = build_near_tie_glm()
-    cfg = rconfig.load(a.config)
-    cfg.rollout.budgets.http_s = cfg.rollout.budgets.server_up_s = 600.0
-    cfg.rollout.sampling.max_new_tokens = a.max_new_tokens
-    source = engine_source(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-retraction-")), model,
-                           ports=[free_port(cfg.rollout.host)])
-    mgr = RolloutManager(source, dataclasses.replace(RolloutOptions.from_config(cfg), keep_answers=True))
-    prompts = prompts_for(cfg.model.vocab_size or 320, a.prompts, 0)
-    marks = [max(1, a.prompts * (i + 1) // (a.updates + 1)) for i in range(a.updates)]
-    samples = asyncio.run(_rollout(mgr, prompts, model, marks))
+    lm = load_model(model, "bfloat16")
 
     def meta(s):
         return s.outputs[-1][2] if s.outputs else {}
 
+    def rollout(disable: str = ""):
+        cfg = rconfig.load(a.config)
+        cfg.rollout.budgets.http_s = cfg.rollout.budgets.server_up_s = 600.0
+        cfg.rollout.sampling.max_new_tokens = a.max_new_tokens
+        if disable:
+            for g in cfg.engine_groups:
+                g.env = {**g.env, DISABLE_ENV: disable}
+        source = engine_source(cfg, LocalBackend(tempfile.mkdtemp(prefix="bench-retraction-")), model,
+                               ports=[free_port(cfg.rollout.host)])
+        mgr = RolloutManager(source, dataclasses.replace(RolloutOptions.from_config(cfg), keep_answers=True))
+        prompts = prompts_for(cfg.model.vocab_size or 320, a.prompts, 0)
+        marks = [max(1, a.prompts * (i + 1) // (a.updates + 1)) for i in range(a.updates)]
+        return asyncio.run(_rollout(mgr, prompts, model, marks))
+
+    def replay(samples):
+        """(replay on the retracted kept samples, on the unretracted ones, the retracted ones)."""
+        kept = [s for s in samples if s.status.finished and s.routed_experts is not None]
+        ret = [s for s in kept if int(meta(s).get("num_retractions") or 0)]
+        unret = [s for s in kept if s not in ret]
+        if not ret or not unret:
+            raise RuntimeError(f"need retracted and unretracted samples: {len(ret)} / {len(unret)}")
+        as_rs = lambda ss: [RolloutSample(s.prompt_ids, s.response_ids, s.logprobs, s.routed_experts)  # noqa: E731
+                            for s in ss]
+        return arm(lm, as_rs(ret), [s.routed_experts for s in ret]), \
+            arm(lm, as_rs(unret), [s.routed_experts for s in unret]), ret
+
+    samples = rollout()
     refused = [s for s in samples if s.status is SampleStatus.FAILED]
     retracted = [s for s in samples if int(meta(s).get("num_retractions") or 0)]
     today = [s for s in samples if retraction_reason({k: v for k, v in meta(s).items() if k != META_KEY},
@@ -134,16 +155,7 @@ def main() -> int:
     fact(BENCH, f"refused without the fix (today's client on the same answers): {len(today)}; mean response "
                 f"length {length(today):.1f} tokens vs {length(rest):.1f} for the rest")
     judge(BENCH, "refused_with_fix", float(len(refused)))
-    kept = [s for s in samples if s.status.finished and s.routed_experts is not None]
-    as_rs = lambda ss: [RolloutSample(s.prompt_ids, s.response_ids, s.logprobs, s.routed_experts)  # noqa: E731
-                        for s in ss]
-    ret = [s for s in kept if s in retracted]
-    unret = [s for s in kept if s not in retracted]
-    if not ret or not unret:
-        raise RuntimeError(f"need retracted and unretracted samples: {len(ret)} / {len(unret)}")
-    lm = load_model(model, "bfloat16")
-    replay_r = arm(lm, as_rs(ret), [s.routed_experts for s in ret])
-    replay_u = arm(lm, as_rs(unret), [s.routed_experts for s in unret])
+    replay_r, replay_u, ret = replay(samples)
     fact(BENCH, f"replay k3 KL retracted {replay_r.k3_kl:.3g} ({replay_r.tokens} tokens, flip rate "
                 f"{replay_r.flip_rate:.2%}), unretracted {replay_u.k3_kl:.3g} ({replay_u.tokens} tokens, "
                 f"flip rate {replay_u.flip_rate:.2%}); mean |d| {replay_r.mean_abs_diff:.3g} vs "
@@ -151,6 +163,11 @@ def main() -> int:
     for part, st in _split_at_update(lm, ret, meta).items():
         fact(BENCH, f"retracted samples, response tokens {part} their first update: k3 KL {st['k3_kl']:.3g}, "
                     f"mean |d| {st['mean_abs_diff']:.3g} ({st['tokens']} tokens)")
+    off_r, off_u, off_ret = replay(rollout(disable="retraction-routes"))
+    split = ", ".join(f"{part} the update {st['k3_kl']:.3g}"
+                      for part, st in _split_at_update(lm, off_ret, meta).items())
+    fact(BENCH, f"without retraction-routes (the re-prefill routes as SGLang chooses): k3 KL retracted / "
+                f"unretracted {off_r.k3_kl / off_u.k3_kl:.3f} ({len(off_ret)} retracted samples; {split})")
     judge(BENCH, "k3_kl_retracted", replay_r.k3_kl / replay_u.k3_kl if replay_u.k3_kl > 0 else float("inf"))
     return finish()
 

@@ -53,6 +53,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.draft_token_count",
     "sglang_patches.fixes.accepted_path_rows",
     "sglang_patches.fixes.retraction_rows",
+    "sglang_patches.fixes.retraction_routes",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
     "sglang_patches.features.routed_experts_wire",

@@ -1,8 +1,9 @@
-"""retraction-rows on every reviewed SGLang variant: `sglang_patches/scenarios/retraction.py` runs SGLang's own
-`release_req` / `Req.reset_for_retract` / `get_topk` / `_maybe_collect_routed_experts` in the variant's
-environment (0.5.23: the main one), stock and then with the plugin loaded by SGLang's `load_plugins()`.
-Stock SGLang returns the re-prefill's rows for the positions sampled before a retraction (the needle);
-with the plugin, the rows those tokens were sampled with. `patches status` lists the fix active there.
+"""retraction-rows and retraction-routes on every reviewed SGLang variant: `sglang_patches/scenarios/retraction.py`
+runs SGLang's own `release_req` / `Req.reset_for_retract` / `get_topk` / `_maybe_collect_routed_experts` and
+`select_experts` in the variant's environment (0.5.23: the main one), stock and then with the plugin loaded by
+SGLang's `load_plugins()`. Stock SGLang returns the re-prefill's rows for the positions sampled before a
+retraction, and its re-prefill routes those positions again (the needles); with the plugin, the rows those
+tokens were sampled with, and the re-prefill routes with them. `patches status` lists both fixes active there.
 """
 import json
 import subprocess
@@ -15,6 +16,7 @@ from sglang_patches.scenarios.runner import ROOT
 from support.variant_runs import python_of, scenarios
 
 FIX = "retraction-rows"
+ROUTES = "retraction-routes"
 ALL = [v.name for v in VARIANTS]
 
 
@@ -22,7 +24,7 @@ ALL = [v.name for v in VARIANTS]
 @pytest.mark.parametrize("variant", ALL)
 def test_retraction_rows_on_variant(variant):
     res = scenarios(variant)   # the retraction list runs with the others (scenarios/every.py)
-    assert FIX in res["plugin"]["_meta"]["registered"] and res["none"]["_meta"]["registered"] == []
+    assert {FIX, ROUTES} <= set(res["plugin"]["_meta"]["registered"]) and res["none"]["_meta"]["registered"] == []
     for name, needle in rs.EXPECT_STOCK.items():
         stock, fixed = res["none"][name], res["plugin"][name]
         assert not stock["ok"] and needle in stock["detail"], f"{name}: stock SGLang {variant}: {stock}"
@@ -39,8 +41,8 @@ def test_retraction_rows_status_on_variant(variant):
                        capture_output=True, text=True, timeout=280, cwd=ROOT)
     report = json.loads(r.stdout)
     assert report["variant"] == variant, report["variant_problem"]
-    row = next(f for f in report["fixes"] if f["name"] == FIX)
-    assert (row["family"], row["state"], row["reason"]) == ("r3", "active", "3 hook(s)")
+    rows = {f["name"]: (f["family"], f["state"], f["reason"]) for f in report["fixes"] if f["name"] in (FIX, ROUTES)}
+    assert rows == {FIX: ("r3", "active", "3 hook(s)"), ROUTES: ("r3", "active", "2 hook(s)")}
 
 
 def test_splice_and_keep_bounds():
@@ -78,3 +80,91 @@ def test_meta_info_states_the_rule():
 
     assert asyncio.run(collect(None)) == [None, SAMPLING_TIME]
     assert asyncio.run(collect({RULE_KEY: RECOMPUTED})) == [None, RECOMPUTED]
+
+
+def _req(kept=None):
+    from types import SimpleNamespace
+
+    from sglang_patches.fixes.retraction_rows import KEPT
+
+    return SimpleNamespace(**({KEPT: kept} if kept is not None else {}))
+
+
+def test_plan_covers_the_kept_positions_the_batch_computes():
+    """Batch rows of the positions that have kept rows: after the earlier requests' rows, from the prefix on (a
+    chunked or cached prefix computes nothing), never past the kept rows (the last position is new)."""
+    import torch
+
+    from sglang_patches.fixes.retraction_routes import plan_of
+
+    kept = torch.arange(6 * 2 * 2, dtype=torch.int32).reshape(6, 2, 2)     # positions 0..5
+    rows, experts = plan_of([_req(), _req((0, kept)), _req((2, kept[:3]))], [0, 2, 3], [3, 5, 4])
+    # request 1: positions 2..6 at rows 3..7, kept 2..5 -> rows 3..6; request 2: positions 3..6 at rows 8..11,
+    # kept 2..4 -> positions 3, 4 -> rows 8, 9
+    assert rows.tolist() == [3, 4, 5, 6, 8, 9]
+    assert experts.tolist() == kept[2:6].tolist() + kept[1:3].tolist()
+    assert plan_of([_req(), _req((0, kept))], [0, 6], [3, 1]) is None       # only the new position computed
+
+
+def test_kept_weights_follow_the_router_and_refuse_another_formula():
+    """The kept experts' weights: the router's scores there, renormalized, with SGLang's scale read from the
+    experts it chose; None where the formula does not reproduce SGLang's weights."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_patches.fixes.retraction_routes import kept_weights
+
+    torch.manual_seed(0)
+    logits, rows = torch.randn(3, 8), torch.tensor([1, 2])
+    cfg = SimpleNamespace(correction_bias=torch.zeros(8), renormalize=True)
+    ids = logits.topk(2, -1).indices
+    scores = logits.sigmoid().gather(1, ids)
+    weights = 2.5 * scores / scores.sum(-1, keepdim=True)                   # routed scaling on the output
+    kept = torch.tensor([[0, 1], [2, 3]])
+    want = logits[1:].sigmoid().gather(1, kept)
+    got = kept_weights(cfg, logits, rows, ids, weights, kept)
+    assert torch.allclose(got, 2.5 * want / want.sum(-1, keepdim=True))
+    softmax = logits.softmax(-1).gather(1, ids)                              # not this config's formula
+    assert kept_weights(cfg, logits, rows, ids, softmax, kept) is None
+
+
+def test_no_plan_where_ranks_do_not_share_the_tokens(caplog):
+    """DP attention and all-to-all backends: no plan, one log line each naming why."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_patches.fixes import retraction_routes as rr
+
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0], extend_lens=[3],
+                            reqs=[_req((0, torch.zeros((4, 2, 2), dtype=torch.int32)))])
+    rr._said.clear()
+    with caplog.at_level("WARNING", logger="slime_moe_rollout"):
+        assert rr._batch_plan(SimpleNamespace(enable_dp_attention=True), batch) is None
+        assert rr._batch_plan(SimpleNamespace(enable_dp_attention=True), batch) is None
+        assert rr._batch_plan(SimpleNamespace(moe_a2a_backend="deepep"), batch) is None
+        assert rr._batch_plan(SimpleNamespace(moe_a2a_backend="none"), batch)[0].tolist() == [0, 1, 2]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "DP attention" in lines[0] and "all-to-all" in lines[1], lines
+
+
+def test_a_plan_no_router_took_is_said_once(caplog):
+    """A batch whose routers never reach the post-processing (a CUDA-graphed prefill, a fused router): one line."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_patches.fixes import retraction_routes as rr
+
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0], extend_lens=[3],
+                            reqs=[_req((0, torch.zeros((4, 2, 2), dtype=torch.int32)))])
+    scheduler = SimpleNamespace(server_args=SimpleNamespace(enable_dp_attention=False))
+    rr._said.clear()
+    with caplog.at_level("WARNING", logger="slime_moe_rollout"):
+        for _ in range(2):
+            assert rr.plan_on_run_batch(lambda self, b: "ran", scheduler, batch) == "ran"
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "a retracted request's re-prefill routes as SGLang chooses: no router passed select_experts' "
+        "post-processing (a CUDA-graphed prefill or a fused router)"]
+    assert rr._plan is None

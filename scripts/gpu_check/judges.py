@@ -118,7 +118,8 @@ def judge_speed(on_tps: list, off_tps: list, floor: float = SPEED_FLOOR) -> Verd
     return Verdict("plugin_speed", ratio >= floor, text)
 
 
-MUST_BE_ACTIVE = ("retraction-rows",)   # hooked on every reviewed release: the device engine must run it
+# hooked on every reviewed release: the device engine must run them
+MUST_BE_ACTIVE = ("retraction-rows", "retraction-routes")
 
 
 def judge_status(rc: int, out: str, logged: Optional[list]) -> Verdict:

@@ -6,6 +6,7 @@ no longer imports `get_server_args`: the config-bag hook (DP width `get_parallel
 """
 from sglang_patches.fixes import draft_token_count as dtc, routed_experts_rows as rer
 from sglang_patches.fixes import retraction_rows as rr
+from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -24,6 +25,7 @@ PORTS = {
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "caff2168f6734304", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "ddde0e6b71c3e1cd"}),
+    "retraction-routes": Port({rro.PLAN: "9f6338ab4b5cc3d8", rro.FORCE: "0dd7a28e1b9b7c18"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -21,6 +21,7 @@ from sglang_patches.features import routed_experts_wire as w
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
+from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.registry import Port, same_as
 from sglang_patches.states import FixState
 
@@ -43,6 +44,7 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT: "d371f05cb690ec0a"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP: "52dbca1f4a29a9fb", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
+    "retraction-routes": Port({rro.PLAN: "2a00c5a8a9829f81", rro.FORCE: "ec7e6abd996c6022"}),
     # CPU family
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST_0_5_15),

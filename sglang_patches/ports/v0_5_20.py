@@ -7,6 +7,7 @@ the AMX fallback, `moe_forward_native`, `all_gatherv` and the thread binding; `r
 compact-routed-experts: 0.5.23's sources (`get_internal_state` reworded).
 """
 from sglang_patches.fixes import draft_token_count as dtc, verify_padding_lcm as vpl
+from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -24,6 +25,7 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "e2dc59752e4be5b1"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": same_as("v0_5_19"),
+    "retraction-routes": Port({rro.PLAN: "e81d7476d643abe9", rro.FORCE: "88c941e724102603"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

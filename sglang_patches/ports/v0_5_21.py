@@ -10,6 +10,7 @@ compact-routed-experts: 0.5.23's sources.
 from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc,
                                   verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
+from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 from sglang_patches.states import FixState
 
@@ -30,6 +31,7 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "a7e61b4cbd9bf676"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP: "8927d8193e9b876c", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
+    "retraction-routes": Port({rro.PLAN: "8c6ed80ef5c4aad7", rro.FORCE: "341b770111507e5e"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

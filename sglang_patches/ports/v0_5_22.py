@@ -5,6 +5,7 @@ no real-rows path for padded extends yet (draft extend hooked on `RadixAttention
 controller process loads plugins: cpu-dp-controller-idle as on 0.5.23. Otherwise 0.5.21's sources.
 """
 from sglang_patches.fixes import capturer_extent as ce, draft_extend_real_rows as de, draft_token_count as dtc
+from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -23,6 +24,7 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": same_as("v0_5_23"),
+    "retraction-routes": Port({rro.PLAN: "8bfc6d00f35c796c", rro.FORCE: "bca6b45583429e3c"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -248,6 +248,88 @@ def retraction_rows_recomputed_opt_out():
         return _expect(e.finish(), [530, 531, 532, 533, 534, 535, 536, 637])
 
 
+# ---- retraction-routes: the re-prefill's routers take the kept rows (SGLang's own select_experts) ------------
+EXPERTS, LAYER = 8, 1
+
+
+def _reprefill_routes(server_args=None, **config):
+    """A re-prefill batch through SGLang's `select_experts` (torch-native top-2 of 8, sigmoid with a correction
+    bias, renormalized, 2.5 routed scaling, as GLM-4.5), under the plan `retraction-routes` makes when the
+    scheduler runs the batch. Batch: another request's 2 new positions, then the retracted request's positions
+    2..6 (0, 1 cached) with kept rows for positions 0..5 (the least likely experts, so stock routes differ).
+    Returns (ids of the batch rows, their weights, the capturer's rows, kept ids of positions 2..5, the logits)."""
+    import torch
+    from sglang.srt.layers.moe import topk
+    from sglang.srt.state_capturer.base import BaseDeviceCache
+    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer, set_global_experts_capturer
+
+    from sglang_patches.fixes import retraction_routes
+    from sglang_patches.fixes.retraction_rows import KEPT
+
+    torch.manual_seed(0)
+    logits = torch.randn(7, EXPERTS)
+    kept = logits.argsort(-1)[2:6, :2].to(torch.int32)            # positions 2..5: the two least likely
+    kept_rows = torch.zeros((6, 2, 2), dtype=torch.int32)
+    kept_rows[2:6, LAYER] = kept
+    cap = object.__new__(RoutedExpertsCapturer)
+    cap.num_layers, cap.topk_size, cap.num_fused_shared_experts = 2, 2, 0
+    cap.device_cache = BaseDeviceCache(8, 2, 2, "cpu", name="routed_experts")
+    set_global_experts_capturer(cap)
+    cfg = topk.TopKConfig(top_k=2, renormalize=True, use_grouped_topk=True, num_expert_group=1, topk_group=1,
+                          correction_bias=torch.zeros(EXPERTS), routed_scaling_factor=2.5, torch_native=True,
+                          **config)
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0, 2],
+                            extend_lens=[2, 5], reqs=[DuckReq(), DuckReq(**{KEPT: (0, kept_rows)})])
+    scheduler = SimpleNamespace(server_args=server_args or SimpleNamespace(enable_dp_attention=False))
+
+    def forward(_self, _batch):   # the batch's forward: one MoE layer's router
+        return topk.select_experts(hidden_states=torch.zeros(7, 4), router_logits=logits, topk_config=cfg,
+                                   layer_id=LAYER)
+    try:
+        out = retraction_routes.plan_on_run_batch(forward, scheduler, batch)
+        captured = cap.device_cache.buffer[:7, LAYER].tolist()
+    finally:
+        set_global_experts_capturer(None)
+    return out.topk_ids.tolist(), out.topk_weights, captured, kept.tolist(), logits
+
+
+def _natural(logits):
+    return logits.topk(2, dim=-1).indices.tolist()
+
+
+@scenario
+def retraction_routes_reprefill():
+    # The retracted request's positions 2..5 (batch rows 2..5) route with their kept rows; the other
+    # request's rows and position 6 (computed for the first time) route as the router chooses.
+    # Their weights: the router's sigmoid scores at the kept experts, renormalized.
+    import torch
+
+    ids, weights, captured, kept, logits = _reprefill_routes()
+    natural = _natural(logits)
+    want = natural[:2] + kept + natural[6:]
+    scores = logits[2:6].sigmoid().gather(1, torch.tensor(kept))
+    right = torch.allclose(weights[2:6], scores / scores.sum(-1, keepdim=True), atol=1e-4)
+    ok = ids == want and captured == want and right
+    return {"ok": ok, "detail": f"re-prefill routes {ids[2:6]}, want the kept {kept}; captured {captured[2:6]}; "
+                                f"the kept experts' weights the router's {right}"}
+
+
+@scenario
+def retraction_routes_dp_attention():
+    # Under DP attention the routers see every DP rank's tokens: no plan, the routers choose (both states).
+    ids, _, _, _, logits = _reprefill_routes(server_args=SimpleNamespace(enable_dp_attention=True))
+    return {"ok": ids == _natural(logits), "detail": f"routes {ids}, want the router's {_natural(logits)}"}
+
+
+@scenario
+def retraction_routes_draft():
+    # A draft model's router (no capture) is left alone.
+    ids, _, _, _, logits = _reprefill_routes(allow_routed_experts_capture=False)
+    return {"ok": ids == _natural(logits), "detail": f"routes {ids}, want the router's {_natural(logits)}"}
+
+
+GUARDS += ("retraction_routes_dp_attention", "retraction_routes_draft")
+
 # scenario -> the rows stock SGLang returns (the re-prefill's rows for the pre-retraction positions)
 EXPECT_STOCK = {
     "retraction_rows_kept": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
@@ -255,6 +337,8 @@ EXPECT_STOCK = {
     "retraction_rows_twice": "routed rows [850, 851, 852, 853, 854, 855, 856, 857, 858]",
     "retraction_rows_finish_in_reprefill": "routed rows [530, 531, 532, 533, 534, 535, 536]",
     "retraction_rows_compact_wire": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
+    "retraction_routes_reprefill": "re-prefill routes [[7, 3], [5, 4], [6, 7], [5, 4]], want the kept [[1, 5], "
+                                   "[7, 1], [0, 2], [7, 2]]",   # the router's own top-2, not the kept pair
 }
 
 
