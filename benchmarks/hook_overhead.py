@@ -87,6 +87,16 @@ def cases():
     init = RoutedExpertsCapturer.__init__
     out.append(("RoutedExpertsCapturer.__init__ (start-up, + setup)", lambda: build(init),
                 lambda: build(init.__wrapped__)))
+
+    from sglang.srt.layers.moe import topk
+
+    # every MoE layer of every eager forward: 64 tokens, top-8 of 64 experts, no retracted request in the batch
+    logits = torch.randn(64, 64)
+    ids, weights = logits.topk(8, -1)
+    post = dict(topk_ids=ids.to(torch.int32), topk_weights=weights, topk_config=topk.TopKConfig(top_k=8),
+                router_logits=logits, layer_id=1)
+    pp = topk._post_process_topk_ids
+    out.append(("topk._post_process_topk_ids", lambda: pp(**post), lambda: pp.__wrapped__(**post)))
     return out, stack
 
 

@@ -117,8 +117,10 @@ def plan_on_run_batch(original, self, batch, *args, **kwargs):
 def force_on_post_process(original, *args, **kwargs):
     """AROUND topk._post_process_topk_ids: the planned rows take the kept experts."""
     global _used
+    if _plan is None:   # every forward without a retracted request's re-prefill
+        return original(*args, **kwargs)
     plan, layer, cfg = _plan, kwargs.get("layer_id"), kwargs.get("topk_config")
-    if plan is None or layer is None or cfg is None or not getattr(cfg, "allow_routed_experts_capture", True):
+    if layer is None or cfg is None or not getattr(cfg, "allow_routed_experts_capture", True):
         return original(*args, **kwargs)
     rows, kept = plan
     if layer >= kept.shape[1]:
