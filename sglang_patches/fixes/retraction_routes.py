@@ -69,7 +69,8 @@ def kept_weights(topk_config, router_logits, rows, ids, weights, kept):
     import torch
 
     k = kept.shape[1]
-    sigmoid = topk_config.correction_bias is not None or getattr(topk_config, "scoring_func", None) == "sigmoid"
+    sigmoid = getattr(topk_config, "correction_bias", None) is not None \
+        or getattr(topk_config, "scoring_func", None) == "sigmoid"
     scores = router_logits[rows].float()
     scores = scores.sigmoid() if sigmoid else scores.softmax(-1)
 
@@ -125,6 +126,7 @@ def force_on_post_process(original, *args, **kwargs):
     rows, kept = plan
     if layer >= kept.shape[1]:
         return original(*args, **kwargs)
+    _used = True
     ids, weights = kwargs["topk_ids"], kwargs["topk_weights"]
     rows = rows.to(ids.device)
     experts = kept[:, layer, :].to(ids.device, ids.dtype)
@@ -132,7 +134,6 @@ def force_on_post_process(original, *args, **kwargs):
     if new is None:
         _once("formula", NOT_FORCED, f"layer {layer}'s router weights are not sigmoid/softmax of its logits")
         return original(*args, **kwargs)
-    _used = True
     ids, weights = ids.clone(), weights.clone()
     ids[rows, :experts.shape[1]] = experts
     weights[rows, :experts.shape[1]] = new
