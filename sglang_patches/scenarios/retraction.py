@@ -10,6 +10,7 @@ capturer's host rows as `on_forward_end` does: the row of a token lives at its K
 forward numbered f holds id f*100 + s), the KV free itself (`release_kv_cache`, `evict_from_tree_cache`:
 the stand-in marks the row released as each release's own does) and the request (a duck-typed Req with the
 fields those functions read). One request, 4 prompt tokens, row 0 of the request-to-token table.
+The `retraction_routes_*` scenarios run a re-prefill batch's router through SGLang's own `select_experts`.
 """
 import inspect
 import sys
