@@ -127,6 +127,7 @@ def test_retraction_alone_keeps_routes_guard(engine_pool, tiny_model):
     print(f"retracted at {at_pause} tokens; all {sum(len(p) + NEW - 1 for p in PROMPTS)} rows equal the router")
 
 
+@pytest.mark.e2e   # the stock witness (its own engine, ~60 s); every release's scenario runs in make test
 def test_retraction_across_weight_update_refused(engine_pool, tiny_model):
     other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
     eng = _engine(engine_pool, tiny_model)
