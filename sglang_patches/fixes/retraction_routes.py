@@ -117,7 +117,7 @@ def plan_on_run_batch(original, self, batch, *args, **kwargs):
 
 def force_on_post_process(original, *args, **kwargs):
     """AROUND topk._post_process_topk_ids: the planned rows take the kept experts."""
-    global _used
+    global _plan, _used
     if _plan is None:   # every forward without a retracted request's re-prefill
         return original(*args, **kwargs)
     plan, layer, cfg = _plan, kwargs.get("layer_id"), kwargs.get("topk_config")
@@ -128,8 +128,9 @@ def force_on_post_process(original, *args, **kwargs):
         return original(*args, **kwargs)
     _used = True
     ids, weights = kwargs["topk_ids"], kwargs["topk_weights"]
-    rows = rows.to(ids.device)
-    experts = kept[:, layer, :].to(ids.device, ids.dtype)
+    if rows.device != ids.device:   # once per batch, not once per layer
+        rows, kept = _plan = rows.to(ids.device), kept.to(ids.device)
+    experts = kept[:, layer, :].to(ids.dtype)
     new = kept_weights(cfg, kwargs["router_logits"], rows, ids, weights, experts)
     if new is None:
         _once("formula", NOT_FORCED, f"layer {layer}'s router weights are not sigmoid/softmax of its logits")

@@ -261,20 +261,18 @@ def _reprefill_routes(server_args=None, **config):
     Returns (ids of the batch rows, their weights, the capturer's rows, kept ids of positions 2..5, the logits)."""
     import torch
     from sglang.srt.layers.moe import topk
-    from sglang.srt.state_capturer.base import BaseDeviceCache
-    from sglang.srt.state_capturer.routed_experts import RoutedExpertsCapturer, set_global_experts_capturer
+    from sglang.srt.state_capturer.routed_experts import set_global_experts_capturer
 
     from sglang_patches.fixes import retraction_routes
     from sglang_patches.fixes.retraction_rows import KEPT
+    from sglang_patches.scenarios.dp import _capturer
 
     torch.manual_seed(0)
     logits = torch.randn(7, EXPERTS)
     kept = logits.argsort(-1)[2:6, :2].to(torch.int32)            # positions 2..5: the two least likely
     kept_rows = torch.zeros((6, 2, 2), dtype=torch.int32)
     kept_rows[2:6, LAYER] = kept
-    cap = object.__new__(RoutedExpertsCapturer)
-    cap.num_layers, cap.topk_size, cap.num_fused_shared_experts = 2, 2, 0
-    cap.device_cache = BaseDeviceCache(8, 2, 2, "cpu", name="routed_experts")
+    cap = _capturer(8, layers=2)
     set_global_experts_capturer(cap)
     cfg = topk.TopKConfig(top_k=2, renormalize=True, use_grouped_topk=True, num_expert_group=1, topk_group=1,
                           correction_bias=torch.zeros(EXPERTS), routed_scaling_factor=2.5, torch_native=True,
