@@ -129,24 +129,112 @@ def test_kept_weights_follow_the_router_and_refuse_another_formula():
     assert kept_weights(cfg, logits, rows, ids, softmax, kept) is None
 
 
-def test_no_plan_where_ranks_do_not_share_the_tokens(caplog):
-    """DP attention and all-to-all backends: no plan, one log line each naming why."""
+def _batch(kept=None, **kw):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0], extend_lens=[3],
+                           reqs=[_req(kept)], **kw)
+
+
+def test_no_plan_where_an_all_to_all_backend_splits_the_tokens(caplog):
+    """All-to-all backends: no plan, one log line naming why."""
     from types import SimpleNamespace
 
     import torch
 
     from sglang_patches.fixes import retraction_routes as rr
 
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0], extend_lens=[3],
-                            reqs=[_req((0, torch.zeros((4, 2, 2), dtype=torch.int32)))])
+    batch = _batch((0, torch.zeros((4, 2, 2), dtype=torch.int32)))
     rr._said.clear()
     with caplog.at_level("WARNING", logger="slime_moe_rollout"):
-        assert rr._batch_plan(SimpleNamespace(enable_dp_attention=True), batch) is None
-        assert rr._batch_plan(SimpleNamespace(enable_dp_attention=True), batch) is None
+        assert rr._batch_plan(SimpleNamespace(moe_a2a_backend="deepep"), batch) is None
         assert rr._batch_plan(SimpleNamespace(moe_a2a_backend="deepep"), batch) is None
         assert rr._batch_plan(SimpleNamespace(moe_a2a_backend="none"), batch)[0].tolist() == [0, 1, 2]
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and "DP attention" in lines[0] and "all-to-all" in lines[1], lines
+    assert len(lines) == 1 and "all-to-all" in lines[0], lines
+
+
+def test_dp_ranks_exchange_only_in_steps_every_rank_runs():
+    """Under DP attention the plans are exchanged in extend steps (idle ranks run them too) of an engine that
+    returns routed experts, and never with an all-to-all backend: the answer is the same on every rank."""
+    from types import SimpleNamespace
+
+    from sglang_patches.fixes.retraction_routes import _exchanges
+
+    dp = dict(enable_dp_attention=True, enable_return_routed_experts=True, moe_a2a_backend="none")
+    idle = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False), reqs=[], is_extend_in_batch=True)
+    assert _exchanges(SimpleNamespace(**dp), idle)
+    assert not _exchanges(SimpleNamespace(**dp), SimpleNamespace(is_extend_in_batch=False))
+    assert not _exchanges(SimpleNamespace(**dp), None)
+    assert not _exchanges(SimpleNamespace(**{**dp, "enable_return_routed_experts": False}), idle)
+    assert not _exchanges(SimpleNamespace(**{**dp, "moe_a2a_backend": "deepep"}), idle)
+    assert not _exchanges(SimpleNamespace(**{**dp, "enable_dp_attention": False}), idle)
+
+
+def test_gathered_plan_places_each_slot_after_the_earlier_counts(caplog):
+    """Slot d's rows follow the earlier slots' token counts (padded or not); a skipped gather holds this slot's
+    rows alone; counts that do not cover the routers' rows give no plan and one line."""
+    import torch
+
+    from sglang_patches.fixes import retraction_routes as rr
+
+    k0, k1 = torch.zeros((1, 2, 2), dtype=torch.int32), torch.ones((2, 2, 2), dtype=torch.int32)
+    plans = {0: (torch.tensor([2]), k0), 1: (torch.tensor([0, 3]), k1)}
+    rows, kept = rr.gathered_plan(plans, [3, 7], 1, 10)
+    assert rows.tolist() == [2, 3, 6] and kept.tolist() == k0.tolist() + k1.tolist()
+    assert rr.gathered_plan(plans, [7, 7], 1, 14)[0].tolist() == [2, 7, 10]
+    assert rr.gathered_plan(plans, [7], 1, 7)[0].tolist() == [0, 3]
+    rr._said.clear()
+    with caplog.at_level("WARNING", logger="slime_moe_rollout"):
+        assert rr.gathered_plan(plans, [3, 7], 1, 7) is None
+    assert "the routers' 7 rows do not match the DP gather's counts [3, 7]" in caplog.records[0].getMessage()
+
+
+def _exchange_rank(rank, port, out):
+    """One DP rank of a real 2-process gloo group: rank 0 re-prefills a retracted request, rank 1 runs the step
+    idle, and its plan fails (it must still join the exchange). Each returns the plan its first router places."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from sglang_patches.fixes import retraction_routes as rr
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    rr.own_slot = lambda: rank
+    rr._dpa = lambda: SimpleNamespace(get_dp_global_num_tokens=lambda: [3, 4])
+    args = SimpleNamespace(enable_dp_attention=True, enable_return_routed_experts=True, moe_a2a_backend="none")
+    if rank == 0:
+        batch = _batch((1, torch.full((2, 2, 2), 5, dtype=torch.int32)), is_extend_in_batch=True)
+    else:
+        def broken():
+            raise ValueError("no mode")
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=broken), reqs=[], is_extend_in_batch=True)
+    scheduler = SimpleNamespace(server_args=args, tp_cpu_group=dist.group.WORLD)
+    rows, kept = rr.plan_on_run_batch(lambda self, b: rr._placed(torch.zeros(7, 8)), scheduler, batch)
+    out.put((rank, rows.tolist(), kept[:, 0, 0].tolist()))
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_dp_ranks_exchange_their_plans_over_a_real_group():
+    """Two processes, a real gloo all-gather: both ranks place rank 0's kept rows (positions 1, 2 of its 3-token
+    extend) at the same gathered rows, though rank 1 is idle and its own plan failed."""
+    import multiprocessing as mp
+
+    from rollout.net import free_port
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_exchange_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=150) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert got == [(0, [1, 2], [5, 5]), (1, [1, 2], [5, 5])], got
 
 
 def test_a_plan_no_router_took_is_said_once(caplog):

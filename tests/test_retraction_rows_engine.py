@@ -33,6 +33,7 @@ from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, RULE_KEY,
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]   # a loaded 2-core machine: up to 25 min for (a)
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "training_configs" / "near-tie-cpu.yaml")
+DP_CONFIG = CONFIG.replace("near-tie-cpu.yaml", "near-tie-cpu-dpattn.yaml")   # dp 2 / tp 2, EP, NEXTN, DP lm-head
 LAYERS, TOPK = 5, 8            # the near-tie model: 1 dense + 4 MoE layers, top-8
 N_REQ, NEW = 32, 128           # (a): 32 concurrent requests of 128 new tokens each (measured: 6 of them retracted)
 SMALL_POOL, POOL = 224, 8192   # (a)'s pool; the reference's holds every request whole
@@ -236,6 +237,32 @@ def test_a_kv_pressure_retraction(engine_pool, models, reference):
     assert got["fix"]["differ"] < got["stock"]["differ"], got
     # unretracted requests differ from the reference in a few token-layers too (batch composition): printed,
     # not asserted
+
+
+def test_a_kv_pressure_under_dp_attention(engine_pool, models):
+    """(a) under DP attention (near-tie-cpu-dpattn.yaml: dp 2 / tp 2, EP 2, dense-TP 1, DP lm-head; without NEXTN,
+    whose draft routers the fix leaves alone, to keep a 2-core machine in budget): 16 requests of 64 tokens on a
+    224-token pool per rank retract on both DP ranks, every request finishes whole (the ranks' plan exchange
+    never stalls one), and each rank's process says it routed kept rows of the gathered batch; none routes as
+    SGLang chooses."""
+    import re
+
+    from support.engines import log_text
+
+    n_req, new = 16, 64
+    eng = engine_pool.get("near-tie-dpattn-small-pool", preset(
+        DP_CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}, speculative=None,
+        env={"SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "20"}))
+    with ThreadPoolExecutor(n_req) as ex:
+        out = list(ex.map(lambda p: generate(eng, p, new, SAMPLING_TIME), prompts()[:n_req]))
+    assert all(len(o["output_ids"]) == new and o["meta_info"].get(META_KEY) == SAMPLING_TIME for o in out)
+    retracted = sum(o["meta_info"]["num_retractions"] > 0 for o in out)
+    log = log_text(eng)
+    slots = {int(m) for m in re.findall(r"retraction-routes: DP slot (\d) routes the kept rows", log)}
+    print(f"DP attention: {retracted} of {n_req} retracted; DP slots that routed kept rows {sorted(slots)}")
+    assert retracted, "no request retracted: the pool is not under pressure"
+    assert slots == {0, 1}, [ln for ln in log.splitlines() if "slime-moe-rollout" in ln][-5:]
+    assert "routes as SGLang chooses" not in log, [ln for ln in log.splitlines() if "SGLang chooses" in ln]
 
 
 def _logprobs(model, prompt, o):

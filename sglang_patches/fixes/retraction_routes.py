@@ -19,10 +19,16 @@ Fix (two surgical wrappers; only requests whose rows `retraction-rows` kept are 
 So the re-prefill's KV is the one the returned rows describe, and the captured rows of those positions are the
 kept ones. Draft-model routers (no capture) are left alone.
 
-Not forced, one log line per process each (the kept rows are still returned, `retraction-rows`): under DP
-attention (the routers run on tokens gathered from every DP rank, and each rank knows only its own requests'
-rows), with an all-to-all MoE backend (the tokens are split across ranks), and where no router passed the
-post-processing while a plan was set (a CUDA-graphed prefill, a fused router that skips it).
+Under DP attention the routers run on the tokens gathered from every DP rank, and each rank knows only its own
+requests' kept rows: in an extend step (every rank runs it, idle ranks too) the ranks exchange their plans on
+the scheduler's TP CPU group (one `all_gather_object`, only where the engine returns routed experts), and each
+router places DP slot d's rows after the earlier slots' token counts (`get_dp_global_num_tokens`, padded or
+not), as SGLang's capturer slices them. So every rank forces the same rows.
+
+Not forced, one log line per process each (the kept rows are still returned, `retraction-rows`): with an
+all-to-all MoE backend (the tokens are split across ranks), a DP gather over the whole world (elastic
+scale-up), routers whose rows do not match the DP gather, and where no router passed the post-processing
+while a plan was set (a CUDA-graphed prefill, a fused router that skips it).
 """
 import logging
 
@@ -34,6 +40,7 @@ POST_PROCESS = "sglang.srt.layers.moe.topk._post_process_topk_ids"
 
 logger = logging.getLogger("slime_moe_rollout")
 _plan = None        # (batch rows LongTensor, kept experts int32 [rows, layers, topk]) of the batch running
+_dp_plans = None    # under DP attention: {DP slot: its plan}, placed in the gathered rows by the first router
 _used = False       # a router took the plan during this batch
 _said = set()       # log lines already written by this process
 
@@ -86,14 +93,13 @@ def kept_weights(topk_config, router_logits, rows, ids, weights, kept):
 
 # ---- the hooks ----------------------------------------------------------------------------------
 NOT_FORCED = "slime-moe-rollout retraction-routes: a retracted request's re-prefill routes as SGLang chooses: %s"
+FORCED_DP = "slime-moe-rollout retraction-routes: DP slot %d routes the kept rows of DP slots %s in the gathered batch"
 
 
 def _batch_plan(server_args, batch):
     if batch is None or not batch.forward_mode.is_extend() or not any(getattr(r, KEPT, None) for r in batch.reqs):
         return None
-    if getattr(server_args, "enable_dp_attention", False):
-        _once("dp", NOT_FORCED, "DP attention (each rank knows only its own requests' kept rows)")
-    elif getattr(server_args, "moe_a2a_backend", None) not in (None, "none"):
+    if getattr(server_args, "moe_a2a_backend", None) not in (None, "none"):
         _once("a2a", NOT_FORCED, "an all-to-all MoE backend splits the tokens across ranks")
     elif not len(batch.reqs) == len(batch.prefix_lens) == len(batch.extend_lens):
         _once("lens", NOT_FORCED, "the batch's prefix and extend lengths do not match its requests")
@@ -102,31 +108,108 @@ def _batch_plan(server_args, batch):
     return None
 
 
+# ---- DP attention: every rank's plan, placed in the gathered rows --------------------------------
+def _dpa():
+    import sglang.srt.layers.dp_attention as dpa
+
+    return dpa
+
+
+def own_slot() -> int:
+    """This process's DP slot in the gather, as the release's capturer finds it."""
+    dpa = _dpa()
+    return (getattr(dpa, "dp_gather_slot", None) or dpa.get_attention_dp_rank)()
+
+
+def _exchanges(server_args, batch) -> bool:
+    """Whether this step exchanges plans: the same answer on every rank of the TP group."""
+    if not (getattr(server_args, "enable_dp_attention", False)
+            and getattr(server_args, "enable_return_routed_experts", False)
+            and batch is not None and getattr(batch, "is_extend_in_batch", False)
+            and getattr(server_args, "moe_a2a_backend", None) in (None, "none")):
+        return False
+    if getattr(_dpa(), "world_dp_gather_enabled", lambda: False)():
+        _once("world", NOT_FORCED, "the DP gather spans the whole world (elastic scale-up)")
+        return False
+    return True
+
+
+def exchange(group, slot, plan):
+    """{DP slot: plan} of every rank of `group` with a plan (ranks of one slot send the same plan)."""
+    import torch.distributed as dist
+
+    got = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, (slot, plan), group=group)
+    return {s: p for s, p in got if p is not None} or None
+
+
+def _dp_exchange(scheduler, batch):
+    try:   # a rank that fails here still joins the exchange, or the others would wait forever
+        mine = _batch_plan(scheduler.server_args, batch)
+    except Exception:
+        logger.exception("slime-moe-rollout retraction-routes: this rank's plan failed; it routes as SGLang chooses")
+        mine = None
+    return exchange(scheduler.tp_cpu_group, own_slot(), mine)
+
+
+def gathered_plan(plans, counts, slot, rows_seen):
+    """One plan in the routers' rows: slot d's rows follow the earlier slots' token counts. A gather of one
+    entry (skipped) holds this slot's rows alone. None where the counts do not cover the routers' rows."""
+    import torch
+
+    if not counts or len(counts) == 1:
+        plans, offsets = {0: plans[slot]} if slot in plans else {}, [0]
+    else:
+        offsets = [sum(counts[:d]) for d in range(len(counts))]
+    if sum(counts or [rows_seen]) != rows_seen or any(d >= len(offsets) for d in plans):
+        _once("layout", NOT_FORCED, f"the routers' {rows_seen} rows do not match the DP gather's counts {counts}")
+        return None
+    parts = [(rows + offsets[d], kept) for d, (rows, kept) in sorted(plans.items())]
+    return (torch.cat([r for r, _ in parts]), torch.cat([k for _, k in parts])) if parts else None
+
+
 def plan_on_run_batch(original, self, batch, *args, **kwargs):
-    """AROUND Scheduler.run_batch: the batch's plan while it runs."""
-    global _plan, _used
-    _plan, _used = _batch_plan(self.server_args, batch), False
+    """AROUND Scheduler.run_batch: the batch's plan while it runs (under DP attention every rank's plan)."""
+    global _plan, _dp_plans, _used
+    if _exchanges(self.server_args, batch):
+        _plan, _dp_plans = None, _dp_exchange(self, batch)
+    else:
+        _plan, _dp_plans = _batch_plan(self.server_args, batch), None
+    _used = False
     try:
         return original(self, batch, *args, **kwargs)
     finally:
-        if _plan is not None and not _used:
+        if (_plan is not None or _dp_plans is not None) and not _used:
             _once("unused", NOT_FORCED, "no router passed select_experts' post-processing (a CUDA-graphed "
                                         "prefill or a fused router)")
-        _plan = None
+        _plan = _dp_plans = None
+
+
+def _placed(router_logits):
+    """The plan of this forward: under DP attention placed in the gathered rows once, by the first router."""
+    global _plan, _dp_plans
+    if _dp_plans is not None:
+        slot, slots = own_slot(), sorted(_dp_plans)
+        _plan = gathered_plan(_dp_plans, _dpa().get_dp_global_num_tokens(), slot, router_logits.shape[0])
+        _dp_plans = None
+        if _plan is not None:
+            _once("dp", FORCED_DP, slot, slots)
+    return _plan
 
 
 def force_on_post_process(original, *args, **kwargs):
     """AROUND topk._post_process_topk_ids: the planned rows take the kept experts."""
     global _plan, _used
-    if _plan is None:   # every forward without a retracted request's re-prefill
+    if _plan is None and _dp_plans is None:   # every forward without a retracted request's re-prefill
         return original(*args, **kwargs)
-    plan, layer, cfg = _plan, kwargs.get("layer_id"), kwargs.get("topk_config")
+    layer, cfg = kwargs.get("layer_id"), kwargs.get("topk_config")
     if layer is None or cfg is None or not getattr(cfg, "allow_routed_experts_capture", True):
         return original(*args, **kwargs)
-    rows, kept = plan
-    if layer >= kept.shape[1]:
-        return original(*args, **kwargs)
     _used = True
+    plan = _placed(kwargs["router_logits"])
+    if plan is None or layer >= plan[1].shape[1]:
+        return original(*args, **kwargs)
+    rows, kept = plan
     ids, weights = kwargs["topk_ids"], kwargs["topk_weights"]
     if rows.device != ids.device:   # once per batch, not once per layer
         rows, kept = _plan = rows.to(ids.device), kept.to(ids.device)

@@ -253,12 +253,15 @@ def retraction_rows_recomputed_opt_out():
 EXPERTS, LAYER = 8, 1
 
 
-def _reprefill_routes(server_args=None, **config):
+def _reprefill_routes(server_args=None, gather=None, **config):
     """A re-prefill batch through SGLang's `select_experts` (torch-native top-2 of 8, sigmoid with a correction
     bias, renormalized, 2.5 routed scaling, as GLM-4.5), under the plan `retraction-routes` makes when the
     scheduler runs the batch. Batch: another request's 2 new positions, then the retracted request's positions
     2..6 (0, 1 cached) with kept rows for positions 0..5 (the least likely experts, so stock routes differ).
-    Returns (ids of the batch rows, their weights, the capturer's rows, kept ids of positions 2..5, the logits)."""
+    `gather` (DP attention): (counts, padded) per DP slot as the release publishes them; this process is slot 1
+    of 2 (the release's own slot lookup), the routers see slot 0's `padded` rows first, and slot 0's plan (kept
+    rows for its rows 1, 2) arrives from the exchange. Returns (ids of the routers' rows, their weights, the
+    capturer's rows, the kept ids of every planned row in order, the logits, the planned rows)."""
     import torch
     from sglang.srt.layers.moe import topk
     from sglang.srt.state_capturer.routed_experts import set_global_experts_capturer
@@ -272,62 +275,108 @@ def _reprefill_routes(server_args=None, **config):
     kept = logits.argsort(-1)[2:6, :2].to(torch.int32)            # positions 2..5: the two least likely
     kept_rows = torch.zeros((6, 2, 2), dtype=torch.int32)
     kept_rows[2:6, LAYER] = kept
-    cap = _capturer(8, layers=2)
-    set_global_experts_capturer(cap)
-    cfg = topk.TopKConfig(top_k=2, renormalize=True, use_grouped_topk=True, num_expert_group=1, topk_group=1,
-                          correction_bias=torch.zeros(EXPERTS), routed_scaling_factor=2.5, torch_native=True,
-                          **config)
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0, 2],
-                            extend_lens=[2, 5], reqs=[DuckReq(), DuckReq(**{KEPT: (0, kept_rows)})])
-    scheduler = SimpleNamespace(server_args=server_args or SimpleNamespace(enable_dp_attention=False))
+    planned, kept_all = list(range(2, 6)), kept.tolist()
+    with ExitStack() as stack:
+        if gather is not None:
+            counts, before = gather
+            other = torch.randn(before, EXPERTS)
+            kept0 = torch.zeros((2, 2, 2), dtype=torch.int32)
+            kept0[:, LAYER] = other.argsort(-1)[1:3, :2]
+            slot0 = (torch.tensor([1, 2]), kept0)
+            _gather_context(stack, counts, lambda group, slot, plan: {0: slot0, slot: plan})
+            logits = torch.cat([other, logits])
+            planned, kept_all = [1, 2] + [before + r for r in planned], kept0[:, LAYER].tolist() + kept_all
+        cap = _capturer(max(8, logits.shape[0]), layers=2)
+        set_global_experts_capturer(cap)
+        cfg = topk.TopKConfig(top_k=2, renormalize=True, use_grouped_topk=True, num_expert_group=1, topk_group=1,
+                              correction_bias=torch.zeros(EXPERTS), routed_scaling_factor=2.5, torch_native=True,
+                              **config)
+        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0, 2],
+                                extend_lens=[2, 5], reqs=[DuckReq(), DuckReq(**{KEPT: (0, kept_rows)})],
+                                is_extend_in_batch=True)
+        scheduler = SimpleNamespace(server_args=server_args or SimpleNamespace(enable_dp_attention=False),
+                                    tp_cpu_group=None)
 
-    def forward(_self, _batch):   # the batch's forward: one MoE layer's router
-        return topk.select_experts(hidden_states=torch.zeros(7, 4), router_logits=logits, topk_config=cfg,
-                                   layer_id=LAYER)
-    try:
-        out = retraction_routes.plan_on_run_batch(forward, scheduler, batch)
-        captured = cap.device_cache.buffer[:7, LAYER].tolist()
-    finally:
-        set_global_experts_capturer(None)
-    return out.topk_ids.tolist(), out.topk_weights, captured, kept.tolist(), logits
+        def forward(_self, _batch):   # the batch's forward: one MoE layer's router
+            return topk.select_experts(hidden_states=torch.zeros(logits.shape[0], 4), router_logits=logits,
+                                       topk_config=cfg, layer_id=LAYER)
+        try:
+            out = retraction_routes.plan_on_run_batch(forward, scheduler, batch)
+            captured = cap.device_cache.buffer[:logits.shape[0], LAYER].tolist()
+        finally:
+            set_global_experts_capturer(None)
+    return out.topk_ids.tolist(), out.topk_weights, captured, kept_all, logits, planned
+
+
+def _gather_context(stack, counts, exchange):
+    """This process is DP slot 1 of 2 (the release's driver), the gather's counts published by the release's
+    own `set_dp_buffer_len`, and the exchange answered for slot 0 (the other rank's half of the all-gather)."""
+    import sglang.srt.layers.dp_attention as dpa
+
+    from sglang_patches.fixes import retraction_routes
+    from sglang_patches.scenarios.drivers import pick
+
+    pick().dp_context(stack, dp_rank=1, dp_size=2)
+    wrapper = dpa._DpGatheredBufferWrapper
+    for name in ("_global_dp_buffer_len", "_local_dp_buffer_len", "_dp_max_padding", "_global_num_tokens",
+                 "_global_num_tokens_gpu"):
+        if name in vars(wrapper):
+            stack.enter_context(mock.patch.object(wrapper, name, getattr(wrapper, name)))
+    dpa.set_dp_buffer_len(sum(counts), counts[1], len(set(counts)) == 1, counts)
+    stack.enter_context(mock.patch.object(retraction_routes, "exchange", exchange))
 
 
 def _natural(logits):
     return logits.topk(2, dim=-1).indices.tolist()
 
 
+def _forced(ids, weights, captured, kept, logits, planned):
+    """ok when the planned rows route with their kept experts (weights: the router's sigmoid scores there,
+    renormalized), every other row as the router chooses, and the capturer holds the same."""
+    import torch
+
+    want = _natural(logits)
+    for row, experts in zip(planned, kept):
+        want[row] = experts
+    scores = logits[planned].sigmoid().gather(1, torch.tensor(kept))
+    right = torch.allclose(weights[planned], scores / scores.sum(-1, keepdim=True), atol=1e-4)
+    got = [ids[r] for r in planned]
+    return {"ok": ids == want and captured == want and right,
+            "detail": f"re-prefill routes {got}, want the kept {kept}; captured {[captured[r] for r in planned]}; "
+                      f"the kept experts' weights the router's {right}"}
+
+
 @scenario
 def retraction_routes_reprefill():
     # The retracted request's positions 2..5 (batch rows 2..5) route with their kept rows; the other
     # request's rows and position 6 (computed for the first time) route as the router chooses.
-    # Their weights: the router's sigmoid scores at the kept experts, renormalized.
-    import torch
+    return _forced(*_reprefill_routes())
 
-    ids, weights, captured, kept, logits = _reprefill_routes()
-    natural = _natural(logits)
-    want = natural[:2] + kept + natural[6:]
-    scores = logits[2:6].sigmoid().gather(1, torch.tensor(kept))
-    right = torch.allclose(weights[2:6], scores / scores.sum(-1, keepdim=True), atol=1e-4)
-    ok = ids == want and captured == want and right
-    return {"ok": ok, "detail": f"re-prefill routes {ids[2:6]}, want the kept {kept}; captured {captured[2:6]}; "
-                                f"the kept experts' weights the router's {right}"}
+
+_DP_ARGS = dict(enable_dp_attention=True, enable_return_routed_experts=True, moe_a2a_backend="none")
 
 
 @scenario
 def retraction_routes_dp_attention():
-    # Under DP attention the routers see every DP rank's tokens: no plan, the routers choose (both states).
-    ids, _, _, _, logits = _reprefill_routes(server_args=SimpleNamespace(enable_dp_attention=True))
-    return {"ok": ids == _natural(logits), "detail": f"routes {ids}, want the router's {_natural(logits)}"}
+    # DP attention, the gather unpadded: the routers see slot 0's 3 rows, then this slot's 7; both slots'
+    # retracted requests route with their kept rows, each at its slot's offset.
+    return _forced(*_reprefill_routes(SimpleNamespace(**_DP_ARGS), gather=([3, 7], 3)))
+
+
+@scenario
+def retraction_routes_dp_padded():
+    # DP attention, every slot padded to the longest (MAX_LEN): this slot's rows start at 7.
+    return _forced(*_reprefill_routes(SimpleNamespace(**_DP_ARGS), gather=([7, 7], 7)))
 
 
 @scenario
 def retraction_routes_draft():
     # A draft model's router (no capture) is left alone.
-    ids, _, _, _, logits = _reprefill_routes(allow_routed_experts_capture=False)
+    ids, _, _, _, logits, _ = _reprefill_routes(allow_routed_experts_capture=False)
     return {"ok": ids == _natural(logits), "detail": f"routes {ids}, want the router's {_natural(logits)}"}
 
 
-GUARDS += ("retraction_routes_dp_attention", "retraction_routes_draft")
+GUARDS += ("retraction_routes_draft",)
 
 # scenario -> the rows stock SGLang returns (the re-prefill's rows for the pre-retraction positions)
 EXPECT_STOCK = {
@@ -338,6 +387,10 @@ EXPECT_STOCK = {
     "retraction_rows_compact_wire": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
     "retraction_routes_reprefill": "re-prefill routes [[7, 3], [5, 4], [6, 7], [5, 4]], want the kept [[1, 5], "
                                    "[7, 1], [0, 2], [7, 2]]",   # the router's own top-2, not the kept pair
+    "retraction_routes_dp_attention": "re-prefill routes [[0, 3], [6, 4], [7, 3], [5, 4], [6, 7], [5, 4]], want "
+                                      "the kept [[4, 5], [7, 5], [1, 5], [7, 1], [0, 2], [7, 2]]",
+    "retraction_routes_dp_padded": "re-prefill routes [[7, 6], [4, 2], [7, 3], [5, 4], [6, 7], [5, 4]], want "
+                                   "the kept [[2, 1], [1, 7], [1, 5], [7, 1], [0, 2], [7, 2]]",
 }
 
 
