@@ -95,15 +95,23 @@ def run_snippet(version, code, mode):
                           timeout=280).stdout.strip().splitlines()[-1]
 
 
+def stock_and_plugin(version, code):
+    """`code`'s last line on `version`, stock and with the plugin: two interpreters at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        return tuple(pool.map(lambda mode: run_snippet(version, code, mode), ("stock", "plugin")))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_host_cache_unpinned(version):
     """cpu-host-register on 0.5.15 / 0.5.16: BaseHostCache pins with torch.zeros itself; stock dies on CPU torch.
     The hook is scoped to the call and its thread: another thread still gets torch's refusal meanwhile."""
-    assert run_snippet(version, HOST_CACHE, "stock").startswith(
-        "ERR pin_memory=True requires a CUDA or other accelerator backend")
-    assert run_snippet(version, HOST_CACHE, "plugin") == "OK (4, 3, 2) [('refused', True)]"
+    stock, plugin = stock_and_plugin(version, HOST_CACHE)
+    assert stock.startswith("ERR pin_memory=True requires a CUDA or other accelerator backend"), stock
+    assert plugin == "OK (4, 3, 2) [('refused', True)]", plugin
 
 
 @pytest.mark.slow
@@ -111,8 +119,9 @@ def test_host_cache_unpinned(version):
 def test_thread_binding_on_0_5_16():
     """cpu-thread-binding on 0.5.16: init_threads_binding(tp_rank=, tp_size=) asserts tp_size <= NUMA nodes
     without SGLANG_CPU_OMP_THREADS_BIND; with the plugin each rank gets a share of the node's CPUs."""
-    assert "should be smaller than or equal to number of numa node" in run_snippet("0.5.16", THREAD_BINDING, "stock")
-    assert run_snippet("0.5.16", THREAD_BINDING, "plugin") == "OK True"
+    stock, plugin = stock_and_plugin("0.5.16", THREAD_BINDING)
+    assert "should be smaller than or equal to number of numa node" in stock, stock
+    assert plugin == "OK True", plugin
 
 
 def engine_a_on(version, model, prompts, disable=""):
