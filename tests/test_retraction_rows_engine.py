@@ -247,8 +247,13 @@ def test_a_kv_pressure_under_dp_attention(engine_pool, models):
     SGLang chooses."""
     import re
 
+    import sglang
     from support.engines import log_text
 
+    if sglang.__version__.startswith("0.5.15"):   # test_on_slimes_release runs this module there
+        pytest.skip("0.5.15.post1 runs DP attention on CPU only with CPU graphs: an eager DP-attention forward "
+                    "stages the DP token counts in pinned memory (test_c_no_nextn_without_mlp_sync_pin_dies_at_"
+                    "first_forward); its DP scenarios cover the exchange there")
     n_req, new = 16, 64
     eng = engine_pool.get("near-tie-dpattn-small-pool", preset(
         DP_CONFIG, models[0], args={"max_total_tokens": SMALL_POOL}, speculative=None,
