@@ -96,58 +96,37 @@ def _():
                 ref[t] += w[t, k] * (w2[e] @ (torch.nn.functional.silu(gu[:I]) * gu[I:]))
     assert torch.allclose(out, ref, atol=1e-4), f"max diff {(out - ref).abs().max()}"
 
-def _collectives(rank, store, q, which):
+def _collectives(rank, which):
     import torch.distributed as dist
     from sglang.srt.distributed.parallel_state import GroupCoordinator
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        grp = dist.group.WORLD
-        # A stand-in for a CPU GroupCoordinator: gloo device group, no pynccl (CPU has none usable).
-        fake = NS(world_size=2, rank_in_group=rank, device_group=grp, pynccl_comm=None, ca_comm=None,
-                  pymscclpp_comm=None)
-        fake.all_reduce = lambda t: (dist.all_reduce(t, group=grp), t)[1]
-        for m in ("_deterministic_reduce_scatterv", "_all_gather_into_tensor"):
-            setattr(fake, m, types.MethodType(getattr(GroupCoordinator, m), fake))
-        if which == "varsize":
-            sizes = [1, 3]
-            full = torch.arange(8.0).view(4, 2) * (rank + 1)
-            rs = GroupCoordinator.reduce_scatterv(fake, full, sizes=sizes)
-            want = (torch.arange(8.0).view(4, 2) * 3)[sum(sizes[:rank]):sum(sizes[:rank + 1])]
-            assert torch.equal(rs, want), f"reduce_scatterv {rs.tolist()} != {want.tolist()}"
-            mine = torch.full((sizes[rank], 2), float(rank))
-            out = torch.empty(4, 2)
-            ag = GroupCoordinator.all_gatherv(fake, mine, sizes=sizes, output=out)
-            want = torch.tensor([[0.0, 0.0], [1, 1], [1, 1], [1, 1]])
-            assert torch.equal(out, want) and ag[0] is out, f"all_gatherv {out.tolist()}"
-        else:
-            shard = torch.full((3, 5), float(rank))
-            out = torch.empty(2, 3, 5)  # stacked (world, tokens, shard), as _gather_attn_tp_logits allocates
-            GroupCoordinator.all_gather_into_tensor(fake, out, shard)
-            assert torch.equal(out[1], torch.ones(3, 5)) and torch.equal(out[0], torch.zeros(3, 5))
-        q.put((rank, "ok"))
-    except Exception as e:
-        q.put((rank, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
-    finally:
-        dist.destroy_process_group()
+    grp = dist.group.WORLD
+    # A stand-in for a CPU GroupCoordinator: gloo device group, no pynccl (CPU has none usable).
+    fake = NS(world_size=2, rank_in_group=rank, device_group=grp, pynccl_comm=None, ca_comm=None,
+              pymscclpp_comm=None)
+    fake.all_reduce = lambda t: (dist.all_reduce(t, group=grp), t)[1]
+    for m in ("_deterministic_reduce_scatterv", "_all_gather_into_tensor"):
+        setattr(fake, m, types.MethodType(getattr(GroupCoordinator, m), fake))
+    if which == "varsize":
+        sizes = [1, 3]
+        full = torch.arange(8.0).view(4, 2) * (rank + 1)
+        rs = GroupCoordinator.reduce_scatterv(fake, full, sizes=sizes)
+        want = (torch.arange(8.0).view(4, 2) * 3)[sum(sizes[:rank]):sum(sizes[:rank + 1])]
+        assert torch.equal(rs, want), f"reduce_scatterv {rs.tolist()} != {want.tolist()}"
+        mine = torch.full((sizes[rank], 2), float(rank))
+        out = torch.empty(4, 2)
+        ag = GroupCoordinator.all_gatherv(fake, mine, sizes=sizes, output=out)
+        want = torch.tensor([[0.0, 0.0], [1, 1], [1, 1], [1, 1]])
+        assert torch.equal(out, want) and ag[0] is out, f"all_gatherv {out.tolist()}"
+    else:
+        shard = torch.full((3, 5), float(rank))
+        out = torch.empty(2, 3, 5)  # stacked (world, tokens, shard), as _gather_attn_tp_logits allocates
+        GroupCoordinator.all_gather_into_tensor(fake, out, shard)
+        assert torch.equal(out[1], torch.ones(3, 5)) and torch.equal(out[0], torch.zeros(3, 5))
 
 def _run_collectives(which):
-    import multiprocessing as mp
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    store = tempfile.mktemp(prefix="gloo-store-")
-    ps = [ctx.Process(target=_collectives, args=(r, store, q, which)) for r in range(2)]
-    for p in ps: p.start()
-    got = []
-    try:
-        for _ in ps:  # once a rank failed, its peer may hang in gloo: don't wait long for it
-            got.append(q.get(timeout=60 if all(v == "ok" for v in got) else 5)[1])
-    except queue.Empty:
-        got.append("timeout: a rank never reported")
-    finally:
-        for p in ps:
-            p.join(30)
-            if p.is_alive(): p.kill()
-    bad = [v for v in got if v != "ok"]
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+    from support.gloo import two_ranks
+    bad = [verdict for _, verdict, _ in two_ranks(_collectives, which, start="fork") if verdict != "ok"]
     assert not bad, bad[0]
 
 @check("cpu-gloo-scatter-gather")

@@ -13,6 +13,7 @@ import pytest
 from sglang_patches.registry import VARIANTS
 from sglang_patches.scenarios import retraction as rs
 from sglang_patches.scenarios.runner import ROOT
+from support.gloo import two_ranks
 from support.variant_runs import python_of, scenarios
 
 FIX = "retraction-rows"
@@ -190,10 +191,9 @@ def test_gathered_plan_places_each_slot_after_the_earlier_counts(caplog):
     assert "the routers' 7 rows do not match the DP gather's counts [3, 7]" in caplog.records[0].getMessage()
 
 
-def _exchange_rank(rank, port, out):
+def _exchange_rank(rank):
     """One DP rank of a real 2-process gloo group: rank 0 re-prefills a retracted request, rank 1 runs the step
     idle, and its plan fails (it must still join the exchange). Each returns the plan its first router places."""
-    from datetime import timedelta
     from types import SimpleNamespace
 
     import torch
@@ -201,8 +201,6 @@ def _exchange_rank(rank, port, out):
 
     from sglang_patches.fixes import retraction_routes as rr
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
     rr.own_slot = lambda: rank
     rr._dpa = lambda: SimpleNamespace(get_dp_global_num_tokens=lambda: [3, 4])
     args = SimpleNamespace(enable_dp_attention=True, enable_return_routed_experts=True, moe_a2a_backend="none")
@@ -214,27 +212,15 @@ def _exchange_rank(rank, port, out):
         batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=broken), reqs=[], is_extend_in_batch=True)
     scheduler = SimpleNamespace(server_args=args, tp_cpu_group=dist.group.WORLD)
     rows, kept = rr.plan_on_run_batch(lambda self, b: rr._placed(torch.zeros(7, 8)), scheduler, batch)
-    out.put((rank, rows.tolist(), kept[:, 0, 0].tolist()))
-    dist.destroy_process_group()
+    return rows.tolist(), kept[:, 0, 0].tolist()
 
 
 @pytest.mark.timeout(180)
 def test_dp_ranks_exchange_their_plans_over_a_real_group():
     """Two processes, a real gloo all-gather: both ranks place rank 0's kept rows (positions 1, 2 of its 3-token
     extend) at the same gathered rows, though rank 1 is idle and its own plan failed."""
-    import multiprocessing as mp
-
-    from rollout.net import free_port
-
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_exchange_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = sorted(out.get(timeout=150) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert got == [(0, [1, 2], [5, 5]), (1, [1, 2], [5, 5])], got
+    got = two_ranks(_exchange_rank, budget_s=150)
+    assert got == [(0, "ok", ([1, 2], [5, 5])), (1, "ok", ([1, 2], [5, 5]))], got
 
 
 def test_a_plan_no_router_took_is_said_once(caplog):
