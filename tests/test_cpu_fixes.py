@@ -125,8 +125,8 @@ def _collectives(rank, which):
 
 def _run_collectives(which):
     sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-    from support.gloo import two_ranks
-    bad = [verdict for _, verdict, _ in two_ranks(_collectives, which, start="fork") if verdict != "ok"]
+    from support.gloo import run_ranks
+    bad = [verdict for _, verdict, _ in run_ranks(_collectives, which, start="fork") if verdict != "ok"]
     assert not bad, bad[0]
 
 @check("cpu-gloo-scatter-gather")

@@ -13,7 +13,7 @@ import pytest
 from sglang_patches.registry import VARIANTS
 from sglang_patches.scenarios import retraction as rs
 from sglang_patches.scenarios.runner import ROOT
-from support.gloo import two_ranks
+from support.gloo import run_ranks
 from support.variant_runs import python_of, scenarios
 
 FIX = "retraction-rows"
@@ -219,8 +219,46 @@ def _exchange_rank(rank):
 def test_dp_ranks_exchange_their_plans_over_a_real_group():
     """Two processes, a real gloo all-gather: both ranks place rank 0's kept rows (positions 1, 2 of its 3-token
     extend) at the same gathered rows, though rank 1 is idle and its own plan failed."""
-    got = two_ranks(_exchange_rank, budget_s=150)
+    got = run_ranks(_exchange_rank, budget_s=150)
     assert got == [(0, "ok", ([1, 2], [5, 5])), (1, "ok", ([1, 2], [5, 5]))], got
+
+
+def _slot_rank(rank):
+    """One rank of 4 (DP slots 0, 0, 1, 1): each slot's two ranks hold the same plan. Returns the plans it got in
+    a step with plans and in one without, and how many broadcasts each step took."""
+    import torch
+    import torch.distributed as dist
+
+    from sglang_patches.fixes import retraction_routes as rr
+
+    sent = []
+    broadcast = dist.broadcast_object_list
+    dist.broadcast_object_list = lambda box, **kw: (sent.append(kw["src"]), broadcast(box, **kw))[1]
+    plans = {0: (torch.tensor([1, 2]), torch.full((2, 3, 2), 159, dtype=torch.int32)),
+             1: (torch.tensor([0]), torch.full((1, 3, 2), 300, dtype=torch.int32))}
+    got = rr.exchange(dist.group.WORLD, rank // 2, plans[rank // 2])
+    with_plans = {s: (r.tolist(), str(r.dtype), k.unique().tolist(), str(k.dtype)) for s, (r, k) in got.items()}
+    senders, sent[:] = list(sent), []
+    return with_plans, senders, rr.exchange(dist.group.WORLD, rank // 2, None), sent
+
+
+@pytest.mark.timeout(180)
+def test_one_rank_per_dp_slot_sends_its_plan():
+    """4 ranks, 2 DP slots: every rank gets both slots' plans, in their own types, from one broadcast per slot
+    (by the slot's first rank: 2 sends, not 4); a step without plans broadcasts nothing."""
+    want = {0: ([1, 2], "torch.int64", [159], "torch.int32"), 1: ([0], "torch.int64", [300], "torch.int32")}
+    got = run_ranks(_slot_rank, world=4, budget_s=150)
+    assert got == [(r, "ok", (want, [0, 2], None, [])) for r in range(4)], got
+
+
+def test_kept_experts_travel_narrowed():
+    import torch
+
+    from sglang_patches.fixes.retraction_routes import narrow
+
+    got = {v: str(narrow(torch.tensor([[0, v]], dtype=torch.int32)).dtype) for v in (159, 255, 300, -1, 70000)}
+    assert got == {159: "torch.uint8", 255: "torch.uint8", 300: "torch.int16", -1: "torch.int16",
+                   70000: "torch.int32"}
 
 
 def test_a_plan_no_router_took_is_said_once(caplog):

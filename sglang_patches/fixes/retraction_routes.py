@@ -21,7 +21,8 @@ kept ones. Draft-model routers (no capture) are left alone.
 
 Under DP attention the routers run on the tokens gathered from every DP rank, and each rank knows only its own
 requests' kept rows: in an extend step (every rank runs it, idle ranks too) the ranks exchange their plans on
-the scheduler's TP CPU group (one `all_gather_object`, only where the engine returns routed experts), and each
+the scheduler's TP CPU group (only where the engine returns routed experts: a small gather of who holds a plan,
+then one broadcast per DP slot that has one, its kept experts in one byte each where they fit), and each
 router places DP slot d's rows after the earlier slots' token counts (`get_dp_global_num_tokens`, padded or
 not), as SGLang's capturer slices them. So every rank forces the same rows.
 
@@ -134,13 +135,39 @@ def _exchanges(server_args, batch) -> bool:
     return True
 
 
+def narrow(kept):
+    """Kept experts in the smallest integer type that holds them (GLM-4.5's 160 experts: one byte each)."""
+    import torch
+
+    lo, hi = int(kept.min()), int(kept.max())
+    for dtype in (torch.uint8, torch.int16):
+        if torch.iinfo(dtype).min <= lo and hi <= torch.iinfo(dtype).max:
+            return kept.to(dtype)
+    return kept
+
+
 def exchange(group, slot, plan):
-    """{DP slot: plan} of every rank of `group` with a plan (ranks of one slot send the same plan)."""
+    """{DP slot: plan} of every slot with a plan, the same on every rank of `group`. A small gather says which
+    ranks hold a plan; then the first such rank of each slot broadcasts it (the slot's other ranks hold
+    the same plan), its kept experts narrowed."""
+    import torch
     import torch.distributed as dist
 
-    got = [None] * dist.get_world_size(group)
-    dist.all_gather_object(got, (slot, plan), group=group)
-    return {s: p for s, p in got if p is not None} or None
+    flags = torch.zeros(dist.get_world_size(group), 2, dtype=torch.int64)
+    mine, root = torch.tensor([slot, int(plan is not None)]), dist.get_global_rank(group, 0)
+    # a gather and a broadcast: on gloo an all-gather is a ring of world - 1 serial hops
+    dist.gather(mine, list(flags.unbind(0)) if dist.get_rank(group) == 0 else None, dst=root, group=group)
+    dist.broadcast(flags, src=root, group=group)
+    senders = {}
+    for rank, (s, has) in enumerate(flags.tolist()):
+        if has:
+            senders.setdefault(s, rank)
+    me, plans = dist.get_rank(group), {}
+    for s, src in sorted(senders.items()):
+        box = [(plan[0].to(torch.int32), narrow(plan[1])) if src == me else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, src), group=group)
+        plans[s] = plan if src == me else (box[0][0].long(), box[0][1].to(torch.int32))
+    return plans or None
 
 
 def _dp_exchange(scheduler, batch):

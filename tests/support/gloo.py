@@ -1,4 +1,4 @@
-"""Two processes in one real gloo group (the world group), for checks of collectives on CPU."""
+"""Processes in one real gloo group (the world group), for checks of collectives on CPU."""
 import multiprocessing as mp
 import os
 import queue
@@ -6,10 +6,10 @@ import tempfile
 from datetime import timedelta
 
 
-def _rank(target, rank, store, out, args):
+def _rank(target, rank, world, store, out, args):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     try:
         out.put((rank, "ok", target(rank, *args)))
@@ -20,15 +20,16 @@ def _rank(target, rank, store, out, args):
         dist.destroy_process_group()
 
 
-def two_ranks(target, *args, start="spawn", budget_s=60):
-    """Run `target(rank, *args)` in 2 processes joined in one gloo group. Returns one (rank, "ok" or
+def run_ranks(target, *args, world=2, start="spawn", budget_s=60):
+    """Run `target(rank, *args)` in `world` processes joined in one gloo group. Returns one (rank, "ok" or
     "<Error>: <first line>", value) per rank in rank order; a rank that never reports reads "timeout".
     `start="fork"` where `target` lives in a `python -c` script (spawn cannot import it there)."""
     ctx = mp.get_context(start)
     out = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="gloo-") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_rank, args=(target, r, store, out, args)) for r in range(2)]
+        procs = [ctx.Process(target=_rank, args=(target, r, world, store, out, args))
+                 for r in range(world)]
         for p in procs:
             p.start()
         got = {}
@@ -44,4 +45,4 @@ def two_ranks(target, *args, start="spawn", budget_s=60):
                 p.join(30)
                 if p.is_alive():
                     p.kill()
-    return [got.get(r, (r, "timeout: the rank never reported", None)) for r in range(2)]
+    return [got.get(r, (r, "timeout: the rank never reported", None)) for r in range(world)]
