@@ -217,7 +217,7 @@ def _exchange_rank(rank):
 
 @pytest.mark.timeout(180)
 def test_dp_ranks_exchange_their_plans_over_a_real_group():
-    """Two processes, a real gloo all-gather: both ranks place rank 0's kept rows (positions 1, 2 of its 3-token
+    """Two processes, a real gloo exchange: both ranks place rank 0's kept rows (positions 1, 2 of its 3-token
     extend) at the same gathered rows, though rank 1 is idle and its own plan failed."""
     got = run_ranks(_exchange_rank, budget_s=150)
     assert got == [(0, "ok", ([1, 2], [5, 5])), (1, "ok", ([1, 2], [5, 5]))], got
@@ -225,7 +225,7 @@ def test_dp_ranks_exchange_their_plans_over_a_real_group():
 
 def _slot_rank(rank):
     """One rank of 4 (DP slots 0, 0, 1, 1): each slot's two ranks hold the same plan. Returns the plans it got in
-    a step with plans and in one without, and how many broadcasts each step took."""
+    a step with plans and in one without, and which ranks broadcast in each."""
     import torch
     import torch.distributed as dist
 
