@@ -450,12 +450,13 @@ def prefill_replayed_on(engine) -> set:
     return {r for r in DP_RANKS if any(f" DP{r} " in x for x in replays)}
 
 
-def both_ranks_at_once(engine, model, n=9, rounds=6) -> list:
+def both_ranks_at_once(engine, model, n=9, rounds=6, min_rounds=1) -> list:
     """[(ids, rank, out or error text)]: rounds of one prompt pinned to each DP rank, sent at once, until a
     prefill graph replayed on every DP rank or a request failed. Under DP attention a prefill graph replays
     only when every DP rank prefills in the same step, and it takes one request per rank: two requests that
     reach one rank together make a prefill of 2, which runs eager. One prompt per rank per round keeps each
-    prefill at one request; a round whose two requests land in different steps is followed by another."""
+    prefill at one request; a round whose two requests land in different steps is followed by another.
+    At least `min_rounds` rounds run (the prompts in turn) unless a request failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from support.engines import generate
@@ -472,7 +473,8 @@ def both_ranks_at_once(engine, model, n=9, rounds=6) -> list:
         jobs = [(texts[i % len(texts)], rank) for rank in DP_RANKS]
         with ThreadPoolExecutor(len(jobs)) as ex:
             outs += [(ids, rank, out) for (ids, rank), out in zip(jobs, ex.map(one, jobs))]
-        if any(isinstance(out, str) for _, _, out in outs) or prefill_replayed_on(engine) == set(DP_RANKS):
+        if any(isinstance(out, str) for _, _, out in outs) or \
+                i + 1 >= min_rounds and prefill_replayed_on(engine) == set(DP_RANKS):
             break
     return outs
 

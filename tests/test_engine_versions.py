@@ -101,7 +101,8 @@ def test_c_prefill_graphs_without_capturer_extent_crash(variant, tiny_match_mode
 
     got = graphs_run(variant, tiny_match_model, "rank_pairs", disable=("capturer-extent",), prefill=PREFILL_GRAPH)
     assert PREFILL_CRASH_LINE in got["log"] and PREFILL_CRASH in got["log"]
-    assert all(isinstance(out, str) for _, _, out in got["results"]), "a request was answered by a crashed engine"
+    last_round = [out for _, _, out in got["results"][-len(DP_RANKS):]]   # earlier rounds ran eager and finished
+    assert all(isinstance(out, str) for out in last_round), "a request was answered by a crashed engine"
     assert not got["alive"]
 
 

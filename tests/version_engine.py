@@ -6,7 +6,8 @@ one JSON line. Transformers' side of each comparison stays in the parent.
 Request (JSON): model, preset, group (EngineGroup fields), disable (fix names), graphs (null: eager, else
 {"prefill": ...} for test_cpu_graphs.with_graphs), jobs ("prompts": each prompt alone; "per_rank":
 test_cpu_graphs' DP-rank pattern; "rank_pairs": each prompt on both DP ranks at once, one prompt after
-another, so every prefill step has one 14-token prompt a rank), n (new tokens), fail_text (the engine must
+another, so every prefill step has one 14-token prompt a rank, and more rounds until both ranks replayed a
+prefill graph: test_cpu_graphs.both_ranks_at_once), n (new tokens), fail_text (the engine must
 not come up: only its log comes back, once this text is in it or it exited), not_ready (true: the engine
 must fail readiness, e.g. die on its probes: the ReadinessError text and the log come back).
 """
@@ -56,31 +57,15 @@ def _spec(req):
 
 def _jobs(eng, req):
     from support.engines import generate
-    from test_cpu_graphs import per_rank_results
+    from test_cpu_graphs import both_ranks_at_once, per_rank_results
     from test_engine_single import prompts
 
     n, kind, model = req.get("n", 9), req.get("jobs", "prompts"), req["model"]
     if kind == "per_rank":
         return [[ids, rank, out] for rank, outs in per_rank_results(eng, model, n).items() for ids, out in outs]
     if kind == "rank_pairs":   # each prompt on both DP ranks at once, one prompt after another
-        return [[ids, rank, out] for ids in prompts(model) for ids, rank, out in _pair(eng, ids, n)]
+        return [list(x) for x in both_ranks_at_once(eng, model, n, min_rounds=len(prompts(model)))]
     return [[ids, None, generate(eng, ids, n)] for ids in prompts(model)]
-
-
-def _pair(eng, ids, n) -> list:
-    """[(ids, rank, out or error text)] for `ids` sent to DP ranks 0 and 1 at the same time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from support.engines import generate
-
-    def one(rank):
-        try:
-            return generate(eng, ids, n, routed_dp_rank=rank)
-        except Exception as e:   # noqa: BLE001 - a crashed engine answers with a dropped connection
-            return f"{type(e).__name__}: {e}"
-
-    with ThreadPoolExecutor(2) as ex:
-        return [(ids, rank, out) for rank, out in zip((0, 1), ex.map(one, (0, 1)))]
 
 
 def child(req) -> dict:
