@@ -506,7 +506,6 @@ def test_c_prefill_graphs_without_capturer_extent_crash(engine_pool, tiny_match_
 def test_c_prefill_graphs_with_the_fix_set_match_transformers(engine_pool, tiny_match_model):
     """The same engine and requests with the fix set: prefill replays on both DP ranks, tokens and
     routed experts equal transformers on every rank and token."""
-    from support.engines import log_text
     from rollout.models.reference import hf_greedy
 
     eng = engine_pool.get("c-prefill-graphs", with_graphs(preset_c(tiny_match_model), prefill=PREFILL_GRAPH))
