@@ -21,8 +21,10 @@ from sglang_patches.registry import judge
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBE = r'''
-import json, os, sys, tempfile, traceback, types
+import json, os, sys, traceback, types
 import torch
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from support.gloo import run_ranks
 os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
 from sglang.srt.plugins import load_plugins
 load_plugins()
@@ -124,8 +126,6 @@ def _collectives(rank, which):
         assert torch.equal(out[1], torch.ones(3, 5)) and torch.equal(out[0], torch.zeros(3, 5))
 
 def _run_collectives(which):
-    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-    from support.gloo import run_ranks
     bad = [verdict for _, verdict, _ in run_ranks(_collectives, which, start="fork") if verdict != "ok"]
     assert not bad, bad[0]
 

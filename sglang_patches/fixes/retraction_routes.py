@@ -153,16 +153,15 @@ def exchange(group, slot, plan):
     import torch
     import torch.distributed as dist
 
-    flags = torch.zeros(dist.get_world_size(group), 2, dtype=torch.int64)
+    me, flags = dist.get_rank(group), torch.zeros(dist.get_world_size(group), 2, dtype=torch.int64)
     mine, root = torch.tensor([slot, int(plan is not None)]), dist.get_global_rank(group, 0)
     # a gather and a broadcast: on gloo an all-gather is a ring of world - 1 serial hops
-    dist.gather(mine, list(flags.unbind(0)) if dist.get_rank(group) == 0 else None, dst=root, group=group)
+    dist.gather(mine, list(flags.unbind(0)) if me == 0 else None, dst=root, group=group)
     dist.broadcast(flags, src=root, group=group)
-    senders = {}
+    senders, plans = {}, {}
     for rank, (s, has) in enumerate(flags.tolist()):
         if has:
             senders.setdefault(s, rank)
-    me, plans = dist.get_rank(group), {}
     for s, src in sorted(senders.items()):
         box = [(plan[0].to(torch.int32), narrow(plan[1])) if src == me else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, src), group=group)
