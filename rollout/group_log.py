@@ -9,13 +9,18 @@ unless the caller asks (`overwrite=True`).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
 
 from rollout.errors import CliError
 
-KEYS = ("run_id", "config", "seed", "num_groups")   # what must match for a resume
+KEYS = {"run_id": str, "config": str, "seed": int, "num_groups": int}   # what must match for a resume
+
+
+class WriteError(RuntimeError):
+    """Writing a group's line failed (one line: the file and the OS error); `run` exits 1."""
 
 
 def meta_path(path: str) -> str:
@@ -26,7 +31,6 @@ def meta_path(path: str) -> str:
 class Resumed:
     meta: dict
     done: set = field(default_factory=set)      # group ids with a line
-    duplicates: int = 0                         # lines of a group id seen before (should stay 0)
     torn_bytes: int = 0                         # torn last line cut off
 
 
@@ -37,8 +41,28 @@ class GroupLog:
         self.lines = 0
 
     def append(self, record: dict) -> None:
-        os.write(self.fd, (json.dumps(record) + "\n").encode())
-        os.fsync(self.fd)
+        """One whole line, fsync'd; on a write error (disk full, EIO, a file size limit) the partial line is
+        cut off again and a one-line `WriteError` names the file and the OS error: the file stays whole."""
+        try:
+            data = (json.dumps(record) + "\n").encode()
+        except (TypeError, ValueError) as e:
+            raise WriteError(f"cannot write a line to {self.path}: the group record is not JSON ({e})") from None
+        start = os.fstat(self.fd).st_size
+        try:
+            done = 0
+            while done < len(data):  # a short write is retried; a write that makes no progress is refused
+                n = os.write(self.fd, data[done:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write made no progress")
+                done += n
+            os.fsync(self.fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass
+            raise WriteError(f"cannot write to {self.path}: {e.strerror or e} (errno {e.errno}); "
+                             f"{self.lines} line(s) of this run written whole") from None
         self.lines += 1
 
     def close(self) -> None:
@@ -74,17 +98,26 @@ def read_meta(path: str) -> dict:
     try:
         with open(meta_path(path)) as fh:
             meta = json.load(fh)
+        if not isinstance(meta, dict):
+            raise ValueError(f"expected a JSON object, got {type(meta).__name__}")
         missing = [k for k in KEYS if k not in meta]
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
-    except ValueError as e:
+        for k, t in KEYS.items():
+            if not isinstance(meta[k], t) or isinstance(meta[k], bool):
+                raise ValueError(f"{k}: expected {t.__name__}, got {meta[k]!r}")
+        if meta["num_groups"] < 1 or not isinstance(meta.get("prompts"), (dict, type(None))):
+            raise ValueError("num_groups must be >= 1 and prompts an object or null")
+    except (ValueError, UnicodeDecodeError) as e:
         raise CliError(f"--resume: {meta_path(path)} is not a run description ({e})") from None
     return meta
 
 
 def resume(path: str) -> tuple[GroupLog, Resumed]:
-    """Read what a killed run left; the returned log appends after its last whole line."""
+    """Read what a killed run left; the returned log appends after its last whole line. A line of another
+    run id or a second line of a group is refused (one line), the file untouched."""
     out = Resumed(read_meta(path))
+    prefix = out.meta["run_id"] + "-g"
     if os.path.exists(path):
         with open(path, "rb") as fh:
             data = fh.read()
@@ -93,9 +126,16 @@ def resume(path: str) -> tuple[GroupLog, Resumed]:
         for n, line in enumerate(data[:whole].splitlines(), 1):
             try:
                 gid = json.loads(line)["group_id"]
+                if not isinstance(gid, str):
+                    raise TypeError
             except (ValueError, KeyError, TypeError):
                 raise CliError(f"--resume: {path} line {n} is not a group record; not touching the file") from None
-            out.duplicates += gid in out.done
+            k = gid[len(prefix):]
+            if not (gid.startswith(prefix) and k.isdigit() and int(k) < out.meta["num_groups"]):
+                raise CliError(f"--resume: {path} line {n} is group {gid}, not of run {out.meta['run_id']} "
+                               f"({meta_path(path)}); not touching the file")
+            if gid in out.done:
+                raise CliError(f"--resume: {path} line {n} repeats group {gid}; not touching the file")
             out.done.add(gid)
         if out.torn_bytes:
             os.truncate(path, whole)

@@ -69,8 +69,13 @@ def rows(path: str) -> Iterator[tuple[str, Any]]:
         return
     if not path.endswith(".jsonl"):
         raise CliError(f"--prompts: {name}: expected a .jsonl or .parquet file")
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CliError(f"--prompts: {name}:line {n}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                               f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
