@@ -136,5 +136,5 @@ def test_cli_resume_refuses_a_changed_file_and_keeps_the_output(tmp_path, capsys
 def test_non_utf8_bytes_are_one_line_naming_the_line(tmp_path, tok):
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'{"input": "ok"}\n{"input": "caf\xe9"}\n')
-    with pytest.raises(CliError, match=r"p.jsonl:line 2: not UTF-8 \(byte 0xe9 at column 16\)"):
+    with pytest.raises(CliError, match=r"p.jsonl:line 2: not UTF-8 \(byte 0xe9 at column 15\)"):
         prompts.load(str(path), tok, prompts.DatasetKeys())
