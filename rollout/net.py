@@ -8,6 +8,7 @@ import socket
 
 MAX_PORT = 65535 - 10000  # SGLang 0.5.15.post1 derives its gRPC port as port + 10000 and refuses one above 65535
 MIN_PORT = 10000
+PORT_TRIES = 200  # random picks before free_port gives up
 _RANDOM = random.SystemRandom()  # a test's random.seed() must not make two processes pick the same ports
 
 
@@ -32,18 +33,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     machine), and meanwhile any outgoing connection on the machine may take a port from that range."""
     lo, hi = ephemeral_ports()
     outside = [r for r in ((MIN_PORT, min(lo - 1, MAX_PORT)), (max(hi + 1, MIN_PORT), MAX_PORT)) if r[0] <= r[1]]
-    while True:
-        if outside:
-            a, b = _RANDOM.choice(outside)
-            port = _RANDOM.randint(a, b)
+    for _ in range(PORT_TRIES):
+        port = _RANDOM.randint(*_RANDOM.choice(outside)) if outside else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind((host, port if outside else 0))
-            except OSError:  # in use
+                s.bind((host, port))
+            except socket.gaierror as e:  # the host does not resolve: no port will ever bind
+                raise OSError(f"cannot pick a port on host {host!r}: {e.strerror or e}") from None
+            except OSError:  # in use (or not an address of this machine)
                 continue
             port = s.getsockname()[1]
         if port <= MAX_PORT:
             return port
+    raise OSError(f"no free port on host {host!r} after {PORT_TRIES} tries (is it an address of this machine?)")
 
 
 def write_private(path: str, text: str) -> str:
