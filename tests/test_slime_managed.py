@@ -57,9 +57,10 @@ def test_managed_engines_are_keyless_and_keyed_ones_are_refused():
 
 
 def test_wide_binds_are_loud():
-    warnings = check_config(_managed(TINY, host="0.0.0.0"), use_sglang=False).warnings
+    opt_in = {"allow_unauthenticated_network": True}     # else refused: tests/test_keyless_network.py
+    warnings = check_config(_managed(TINY, host="0.0.0.0", **opt_in), use_sglang=False).warnings
     assert any("listen on EVERY interface" in w for w in warnings)
-    warnings = check_config(_managed(TINY, host="10.1.2.3"), use_sglang=False).warnings
+    warnings = check_config(_managed(TINY, host="10.1.2.3", **opt_in), use_sglang=False).warnings
     assert any("accept any client that can reach 10.1.2.3" in w for w in warnings)
     assert not any("rollout.host" in w for w in check_config(_managed(TINY), use_sglang=False).warnings)
 

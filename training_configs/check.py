@@ -15,7 +15,7 @@ from sglang_patches.fixes.accepted_path_rows import tree_drafts
 from sglang_patches.registry import sglang_version
 from sglang_patches.status import fixes_for_config
 from training_configs.derive import Derived, our_derive, sglang_derive
-from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, load_config
+from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, keyless_network_problem, load_config
 from training_configs.server_args import PORTS_PER_ENGINE, engine_port, server_fields
 from training_configs.slime_check import managed_checks
 
@@ -119,6 +119,8 @@ def static_checks(cfg: TrainingConfig) -> None:
     for i, g in enumerate(cfg.engine_groups):
         _group_checks(cfg, g, i)
     r = cfg.rollout
+    if keyless_network_problem(r):      # also caught at load; here for configs changed after loading
+        raise ConfigError(keyless_network_problem(r))
     if r.health.timeout_s > r.health.interval_s * r.health.failures * 10:
         raise ConfigError("rollout.health.timeout_s: longer than 10 x interval_s x failures")
 

@@ -53,7 +53,10 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     host: str, base_port: int     engines bind host:base_port + 10*i (managed mode)
     api_key: str|null             null: the manager generates one
     engine_auth: "key"|"none"     none: engines take no API key (slime's managed mode sends none);
-                                  they then bind only `host` (loopback, or a private interface)
+                                  they then bind only `host`, which must be loopback unless
+    allow_unauthenticated_network: bool  true: keyless engines may bind a non-loopback host (a private
+                                  cluster interface); anyone reaching the port can change weights
+    allow_unfixed: bool           true: admit engines whose needed fixes are not active (stock SGLang)
     restart_checkpoint: str|null  `serve`: weights a restarted engine loads before it may serve again
                                   (else it stays paused until its weight_version equals its peers')
     partial_rollout: bool         return aborted stragglers with tokens so far
@@ -268,11 +271,32 @@ class RolloutConfig(_Model):
     base_port: int = Field(30000, ge=BASE_PORTS[0], le=BASE_PORTS[1])
     api_key: Optional[str] = None
     engine_auth: Literal["key", "none"] = "key"
+    allow_unauthenticated_network: bool = False
+    allow_unfixed: bool = False
     restart_checkpoint: Optional[str] = None
     partial_rollout: bool = True
     group_placement: Literal["group", "sample"] = "group"
     budgets: ReadinessBudgets = Field(default_factory=ReadinessBudgets)
     health: HealthConfig = Field(default_factory=HealthConfig)
+
+    @model_validator(mode="after")
+    def _keyless_network(self):
+        problem = keyless_network_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+LOOPBACK = ("127.", "localhost", "::1")
+
+
+def keyless_network_problem(r: "RolloutConfig") -> Optional[str]:
+    """The one rule for keyless engines: loopback only, unless the config opts in explicitly."""
+    if r.engine_auth != "none" or r.allow_unauthenticated_network or r.host.startswith(LOOPBACK):
+        return None
+    return (f"rollout.host {r.host!r} with engine_auth none: keyless engines reachable from the network (anyone "
+            "can generate and load weights); use a loopback host, or set "
+            "rollout.allow_unauthenticated_network: true for a private cluster interface")
 
 
 class MegatronConfig(_Model):

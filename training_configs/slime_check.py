@@ -2,7 +2,8 @@
 
 What slime 0.3.1 (624b824) does with external engines, and so what is checked here:
 - `discover_external_engines`, slime's router and its control calls send no API key: managed engines
-  must run keyless (`rollout.engine_auth: none`), which is safe only on loopback or a private interface.
+  must run keyless (`rollout.engine_auth: none`), which is safe only on loopback or a private interface
+  (a non-loopback host needs `rollout.allow_unauthenticated_network: true`, see `schema.keyless_network_problem`).
 - `SGLangEngine._init_external` compares `/server_info` with what slime would launch, except the fields in
   `_EXTERNAL_ENGINE_SKIP_CHECK_FIELDS` (tp/dp/pp/ep, ports, ...). Compared: `enable_memory_saver`
   (== slime's `offload_rollout`: `--offload`, `--offload-rollout`, or `--colocate`), and
@@ -13,10 +14,9 @@ What slime 0.3.1 (624b824) does with external engines, and so what is checked he
 """
 from __future__ import annotations
 
-from training_configs.schema import ConfigError, TrainingConfig
+from training_configs.schema import LOOPBACK, ConfigError, TrainingConfig
 from training_configs.server_args import server_fields
 
-LOOPBACK = ("127.", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::", "")
 
 
