@@ -23,15 +23,25 @@ the version the engine reported when the request was sent (`sent_version`), or w
 from collections.abc import Mapping
 from typing import Optional
 
+from rollout.errors import RoutedExpertsError
 from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, SAMPLING_TIME
 
 RULES = (SAMPLING_TIME, RECOMPUTED)
 
 
+def _count(raw) -> int:
+    """`num_retractions` as SGLang sends it (an int, absent or null for none); anything else is refused."""
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise RoutedExpertsError(f"meta_info.num_retractions is {raw!r}, expected a count >= 0")
+    return raw
+
+
 def retraction_reason(meta_info: Mapping, sent_version: Optional[str] = None) -> Optional[str]:
     """A reason when the sample was retracted while the weights changed and the engine kept no stated
-    rule for its rows, else None."""
-    retractions = int(meta_info.get("num_retractions") or 0)
+    rule for its rows, else None. A malformed `num_retractions` raises RoutedExpertsError (one line)."""
+    retractions = _count(meta_info.get("num_retractions"))
     if not retractions or meta_info.get(META_KEY) in RULES:
         return None
     spans = [s for s in (meta_info.get("weight_versions") or []) if isinstance(s, Mapping)]
