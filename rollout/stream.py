@@ -1,7 +1,8 @@
 """Finished groups go to the trainer as they finish, exactly once, with backpressure and no drops.
 
 `GroupStream`: in-process, bounded; `put()` waits while the consumer is behind; iterate with
-`async for group in stream`. `RayGroupQueue`: the same across processes through a bounded Ray queue
+`async for group in stream`, or run producer and consumer together with `pump` (a failing consumer stops
+the producer). `RayGroupQueue`: the same across processes through a bounded Ray queue
 actor (`ray.util.queue.Queue`); the trainer side reads it with `RayGroupReader`. Both refuse a
 second delivery of a group id (the dedupe key), so a re-sent group can never reach the trainer twice.
 The gate remembers the last `remember` group ids (and their sample ids), so a long `serve` run keeps
@@ -69,6 +70,7 @@ class GroupStream(_Once):
     def __init__(self, maxsize: int = 64, remember: int = 100_000):
         super().__init__(remember)
         self._q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
+        self._closed = False
         self.max_depth = 0
 
     async def put(self, group) -> bool:
@@ -80,17 +82,47 @@ class GroupStream(_Once):
         return True
 
     async def close(self) -> None:
-        await self._q.put(_END)
+        """End the stream after what is queued; never waits (the consumer may be gone)."""
+        self._closed = True
+        if not self._q.full():
+            self._q.put_nowait(_END)
 
     def __aiter__(self) -> AsyncIterator:
         return self._iter()
 
     async def _iter(self):
-        while True:
+        while not (self._closed and self._q.empty()):
             item = await self._q.get()
             if isinstance(item, str) and item == _END:
                 return
             yield item
+
+
+async def pump(produce, stream: GroupStream, consume):
+    """Run the coroutine `produce` (which puts groups into `stream`) while `await consume(group)` takes each
+    one; returns what `produce` returns. The consumer's failure cancels the producer at once and is raised;
+    on the producer's end or error (or a cancel from outside) the groups already queued are still consumed."""
+    async def drain():
+        async for group in stream:
+            await consume(group)
+
+    consumer = asyncio.create_task(drain())
+    producer = asyncio.ensure_future(produce)
+    try:
+        await asyncio.wait({consumer, producer}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        producer.cancel()
+        await asyncio.wait({producer})
+        await stream.close()
+        await asyncio.wait({consumer})
+        raise
+    if not producer.done():                  # the consumer failed: stop producing now
+        producer.cancel()
+        await asyncio.wait({producer})
+        consumer.result()
+    await stream.close()
+    await consumer                           # what is queued is consumed; raises the consumer's error
+    return producer.result()                 # raises the producer's error
 
 
 class RayGroupQueue(_Once):

@@ -8,6 +8,9 @@ ids when no file is given. An existing non-empty --output is refused unless --ov
 continues a killed run (same run id, prompts and group ids; only the groups without a line run).
 Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
 every engine lost, a group missing, or more than --max-failed-fraction of samples failed -> exit 1.
+A line that cannot be written (disk full, EIO) stops the rollout at once: one line naming the file and the
+OS error, the engines stopped, exit 1, every line written whole. SIGINT/SIGTERM stop the engines with their
+grace and exit 130/143. Either way `--resume` continues.
 """
 from __future__ import annotations
 
@@ -120,10 +123,6 @@ def main(args) -> int:
             print(f"note: cut a torn last line ({resumed.torn_bytes} bytes) left by the killed run; "
                   f"its group runs again", file=sys.stderr)
 
-    def _term(signum, frame):  # SIGTERM: unwind like Ctrl-C, so the engines are stopped
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
     try:
         if len(done) >= meta["num_groups"]:   # every id of this run has a line
             print(f"nothing to run: all {meta['num_groups']} group(s) of run {meta['run_id']} have a line in "
@@ -156,9 +155,11 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     from rollout.cli.console import progress_bar, start_failure, stderr_console
     from rollout.engines.base import EngineStartError, open_backend
     from rollout.engines.readiness import ReadinessError, RichView
+    from rollout.cli.console import say
     from rollout.errors import EnginesLost
+    from rollout.group_log import WriteError
     from rollout.manager import RolloutManager, group_record
-    from rollout.stream import GroupStream
+    from rollout.stream import GroupStream, pump
     from rollout.types import Group, group_id
 
     console = stderr_console()
@@ -170,36 +171,62 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=run_id)
     todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
             if group_id(run_id, i) not in done]
-    stream = GroupStream(maxsize=max(4, len(todo)))
+    stream = GroupStream(maxsize=4)   # backpressure: finished groups wait while the writer is behind
     tally = Tally()
     t0 = time.monotonic()
     result, lost = None, None
+    stopped = _stop_on_signals(asyncio.current_task())
+    resume_hint = f"continue with: slime-moe-rollout run --resume {args.output}"
     with progress:
         try:
-            await mgr.start()
-        except (ReadinessError, EngineStartError) as e:
-            progress.stop()
-            return start_failure(console, e)
-        t_ready = time.monotonic() - t0
-        bar = progress.add_task("rollout groups", total=n, completed=n - len(todo))
+            try:
+                await mgr.start()
+            except (ReadinessError, EngineStartError) as e:
+                progress.stop()
+                return start_failure(console, e)
+            t_ready = time.monotonic() - t0
+            bar = progress.add_task("rollout groups", total=n, completed=n - len(todo))
 
-        async def consume():
-            async for group in stream:  # the trainer side: one fsync'd line per group, as it finishes
+            async def write(group):  # the trainer side: one fsync'd line per group, as it finishes
                 await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
                 tally.add(group)
                 progress.advance(bar)
 
-        consumer = asyncio.create_task(consume())
-        try:
-            result = await mgr.rollout(todo, stream, batch_size=len(todo))
-        except EnginesLost as e:
-            lost = e
+            try:
+                result = await pump(mgr.rollout(todo, stream, batch_size=len(todo)), stream, write)
+            except EnginesLost as e:
+                lost = e
+        except WriteError as e:
+            progress.stop()
+            say(console, f"error: {e}; once that is fixed, {resume_hint}")
+            return 1
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
+            progress.stop()
+            say(console, f"stopped by {signal.Signals(stopped[0]).name}: {len(done) + log.lines} of {n} group(s) "
+                         f"in {args.output}, engines stopped; {resume_hint}")
+            return 128 + stopped[0]
         finally:
-            await stream.close()
-            await consumer
             await mgr.stop()
     return tally.verdict(console, mgr, result, lost, meta, len(done) + log.lines, args, t_ready,
                          time.monotonic() - t0)
+
+
+def _stop_on_signals(task) -> list:
+    """SIGINT/SIGTERM cancel `task` once (it then stops the engines with their grace); the returned list
+    gets the signal number."""
+    got: list = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum):
+        if not got:
+            got.append(signum)
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    return got
 
 
 # ---------------------------------------------------------------- what `run` prints at the end, its exit status
@@ -261,7 +288,7 @@ class Tally:
             ("re-sent requests", f"{result.resent} (+{result.unrouted_aborts} queued aborts resumed)"),
             ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(self.per_engine.items())) or "-"),
             ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
-                                         f" ({sum(mgr.source.restart_failures.values())} failed restarts)"),
+                                         f" ({sum(getattr(mgr.source, 'restart_failures', {}).values())} failed restarts)"),
             ("total time", f"{wall:.1f} s"),
             ("output", output),
         ]
