@@ -29,6 +29,9 @@ if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
   { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; } > /tmp/image-check-apt.log 2>&1 \
     || { tail -3 /tmp/image-check-apt.log; echo "image-check: apt-get install buildah debootstrap failed"; exit 2; }
 fi
+# what $IMAGE_STORE held before (a folder the user chose may hold other things): the cleanup removes only the rest
+STORE_NEW=1; STORE_WAS=()
+if [ -d "${IMAGE_STORE:-.cache/image-check}" ]; then STORE_NEW=0; mapfile -t STORE_WAS < <(ls -A "${IMAGE_STORE:-.cache/image-check}"); fi
 source docker/local-base/buildah-env.sh
 LOGS=$IMAGE_STORE/logs
 mkdir -p "$LOGS"
@@ -37,9 +40,15 @@ cleanup() {
   if [ "${IMAGE_CHECK_KEEP:-0}" = 1 ]; then
     echo "image-check: kept $IMAGE_STORE (logs in $LOGS)"
   else
-    rm -rf "$REPO/.cache/image-check-logs" && mv "$LOGS" "$REPO/.cache/image-check-logs"
+    mkdir -p "$REPO/.cache" && rm -rf "$REPO/.cache/image-check-logs" && mv "$LOGS" "$REPO/.cache/image-check-logs"
     buildah rm --all >/dev/null 2>&1; buildah rmi --all --force >/dev/null 2>&1
-    rm -rf "$IMAGE_STORE"
+    if [ "$STORE_NEW" = 1 ]; then
+      rm -rf "$IMAGE_STORE"
+    else  # never a folder this run did not create: only the entries it added
+      ls -A "$IMAGE_STORE" | while read -r e; do
+        printf '%s\n' "${STORE_WAS[@]}" | grep -qxF -- "$e" || rm -rf -- "${IMAGE_STORE:?}/$e"
+      done
+    fi
     echo "image-check: storage removed; logs in $REPO/.cache/image-check-logs"
   fi
 }
@@ -107,7 +116,10 @@ reason=$(last_error "$LOGS/unreviewed.log")
 at_check=$(grep -c -- '-m rollout.cli patches status' "$LOGS/unreviewed.log")
 # the status header names why: "SGLang V (variant no reviewed variant: <why> (reviewed: ...))"
 why=$(grep -m1 -oE 'variant no reviewed variant: [^(]*' "$LOGS/unreviewed.log" | sed 's/^variant no reviewed variant: //; s/ *$//')
-judge "unreviewed (0.5.14)" "$t" "$([ $rc != 0 ] && [ "$at_check" -gt 0 ] && [ -n "$reason" ] && echo 1)" \
+# the expected reason: 0.5.14 is not reviewed and the fix check refuses it (any other failure is a FAIL)
+want_why="SGLang 0.5.14 is not a reviewed version"
+judge "unreviewed (0.5.14)" "$t" "$([ $rc != 0 ] && [ "$at_check" -gt 0 ] && [ "$why" = "$want_why" ] \
+  && [[ "$reason" == "error: fixes not active: "* ]] && echo 1)" \
   "build $([ $rc = 0 ] && echo passed || echo failed) at the fix check: ${why:+$why; }$(cut -c1-60 <<< "${reason:-no error line}")..."
 buildah rmi --force localhost/slime-moe-rollout:unreviewed >/dev/null 2>&1
 
