@@ -11,8 +11,10 @@
 #      pytest, hadolint: slime's image brings its own Ray and Megatron; the build checks neither).
 #   3. the variant (docker/local-base/sglang.Containerfile): SGLang VERSION --no-deps with the project's
 #      pins for it (requirements/sglang-VERSION.txt, or the lock for 0.5.23; a release nobody reviewed gets
-#      0.5.15.post1's), and for "+slime" slime's five docker/patch/latest SGLang patches from $SLIME_SRC,
-#      applied in the order and the check-then-apply way of slime's Dockerfile.
+#      0.5.15.post1's), and for "+slime" slime's SGLang patches from $SLIME_SRC: its per-release folder
+#      docker/patch/v<VERSION>/ where slime has one, docker/patch/latest otherwise (the build says which),
+#      the sglang*.patch files there applied in the order and the check-then-apply way of slime's Dockerfile.
+#   docker/local_base.sh --slime-patches VERSION   prints that choice (folder, then patches) and builds nothing.
 # torch: the CPU wheel is fetched by this machine's pip (`pip download --no-deps torch==2.13.0`: its
 # find-links or index must offer 2.13.0+cpu, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)
 # into $IMAGE_STORE/wheelhouse, which the build mounts read-only at /wheelhouse (`buildah bud -v`): it is
@@ -37,19 +39,40 @@
 #   - no Megatron-LM, Ray, slime checkout or slime's other pip packages: the build installs and checks
 #     slime-moe-rollout's SGLang fixes and manager, which need none of them.
 set -euo pipefail
+SLIME_PATCHES=(sglang.patch sglang-top_p.patch sglang-release_hicache.patch sglang-pull_weights.patch sglang-deterministic.patch)
+say() { echo "local_base: $*" >&2; }
+
+# slime's SGLang patches for VERSION: docker/patch/v<VERSION>/ where slime's tree has it, else latest
+# (slime's Dockerfile: PATCH_VERSION); those of SLIME_PATCHES that folder holds, in that order. Prints the
+# folder's name, then each patch's path; fails when the folder holds none.
+slime_patches() {
+  local src=${SLIME_SRC:?local_base: +slime needs SLIME_SRC=<slime checkout>} version=$1 name p found=0
+  name=v$version
+  [ -d "$src/docker/patch/$name" ] || name=latest
+  [ -d "$src/docker/patch/$name" ] || { say "$src/docker/patch has neither v$version nor latest"; return 2; }
+  echo "$name"
+  for p in "${SLIME_PATCHES[@]}"; do
+    [ -f "$src/docker/patch/$name/$p" ] && { echo "$src/docker/patch/$name/$p"; found=1; }
+  done
+  [ $found = 1 ] || { say "$src/docker/patch/$name holds none of ${SLIME_PATCHES[*]}"; return 2; }
+}
+if [ "${1:-}" = --slime-patches ]; then
+  [ $# = 2 ] || { echo "usage: docker/local_base.sh --slime-patches VERSION" >&2; exit 2; }
+  slime_patches "$2"
+  exit
+fi
+
 source "$(dirname "${BASH_SOURCE[0]}")/local-base/buildah-env.sh"
 [ $# -gt 0 ] || { echo "usage: docker/local_base.sh VARIANT... (e.g. 0.5.15.post1+slime 0.5.23 0.5.14)" >&2; exit 2; }
 for tool in buildah debootstrap; do
   command -v "$tool" >/dev/null || { echo "local_base: $tool not found (apt-get install buildah debootstrap)" >&2; exit 2; }
 done
-SLIME_PATCHES=(sglang.patch sglang-top_p.patch sglang-release_hicache.patch sglang-pull_weights.patch sglang-deterministic.patch)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CTX=$IMAGE_STORE/context
 # stage 1 is reused while its inputs are unchanged (its tag is their hash)
 PYTHON_IMAGE=localhost/smr-python:bookworm-$(cat "$REPO/docker/local-base/python.Containerfile" \
   "$REPO/docker/local-base/torchvision_ops.py" "$REPO/requirements/cpu-lock.txt" "$REPO/requirements/constraints.txt" \
   | sha256sum | cut -c1-12)
-say() { echo "local_base: $*" >&2; }
 
 # 1. the root file system
 if [ ! -f "$IMAGE_STORE/rootfs.tar" ]; then
@@ -102,11 +125,10 @@ for variant in "$@"; do
   case "$extra" in
     "") ;;
     +slime)
-      dir=${SLIME_SRC:?local_base: $variant needs SLIME_SRC=<slime checkout>}/docker/patch/latest
-      for p in "${SLIME_PATCHES[@]}"; do
-        [ -f "$dir/$p" ] || { say "$dir/$p not found"; exit 2; }
-        cp "$dir/$p" "$CTX/slime-patches/"
-      done ;;
+      chosen=$(slime_patches "$version") || exit 2
+      mapfile -t chosen <<<"$chosen"
+      cp "${chosen[@]:1}" "$CTX/slime-patches/"
+      say "$variant: slime's patches from docker/patch/${chosen[0]}: $(ls "$CTX/slime-patches" | paste -sd' ')" ;;
     *) say "unknown variant suffix '$extra' (known: +slime)"; exit 2 ;;
   esac
   image=localhost/slime-local:${variant//+/-}
