@@ -1,9 +1,10 @@
 """The package in a Python with only its declared dependencies (no torch, no SGLang: a login node where a
 user checks a config before reserving GPUs) answers every command in one line.
 
-The environment is built once per dependency list (venv + `pip install --no-deps` of the package + the
-dependencies pyproject.toml declares) under `.venvs/light-<hash>` (or $SLIME_MOE_ROLLOUT_LIGHT_VENV) and
-reused; the commands run this checkout's code (PYTHONPATH), as the engine tests do.
+The environment is built once per dependency list (venv + the dependencies pyproject.toml declares) under
+`.venvs/light-<hash>` (or $SLIME_MOE_ROLLOUT_LIGHT_VENV) and reused; this checkout's package is installed into
+it afresh for every run (`pip install --no-deps --force-reinstall` of a copy), and the commands are the installed
+console script run from outside the checkout without PYTHONPATH: what a user's `pip install` gives.
 """
 import hashlib
 import os
@@ -23,39 +24,49 @@ def _deps() -> list:
         return tomllib.load(f)["project"]["dependencies"]
 
 
+def _pip(venv: str, *args) -> None:
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    p = subprocess.run(pip + list(args), capture_output=True, text=True)
+    assert p.returncode == 0, f"pip install {' '.join(args)}: {p.stdout[-2000:]}{p.stderr[-2000:]}"
+
+
 def _build(venv: str) -> None:
     tmp = venv + ".building"
     shutil.rmtree(tmp, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", tmp], check=True)
-    src = os.path.join(tmp, "src")  # a copy: the build leaves nothing in the checkout
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "tests", "docs", "benchmarks", "scripts",
-                                                             "build", "*.egg-info", "__pycache__", "runs"))
-    pip = [os.path.join(tmp, "bin", "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    for args in (["--no-deps", src], _deps()):
-        p = subprocess.run(pip + args, capture_output=True, text=True)
-        assert p.returncode == 0, f"pip install {' '.join(args)}: {p.stdout[-2000:]}{p.stderr[-2000:]}"
-    shutil.rmtree(src)
+    _pip(tmp, *_deps())
     os.replace(tmp, venv)
 
 
+def _install_package(venv: str, scratch: str) -> None:
+    """This checkout's package, installed (not on a path) into the light env."""
+    src = os.path.join(scratch, "src")  # a copy: the build leaves nothing in the checkout
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "tests", "docs", "benchmarks", "scripts",
+                                                             "build", "*.egg-info", "__pycache__", "runs"))
+    _pip(venv, "--no-deps", "--force-reinstall", src)
+
+
 @pytest.fixture(scope="module")
-def light():
+def light(tmp_path_factory):
     key = hashlib.sha256("\n".join([sys.version, *_deps()]).encode()).hexdigest()[:12]
     venv = os.environ.get("SLIME_MOE_ROLLOUT_LIGHT_VENV") or os.path.join(ROOT, ".venvs", f"light-{key}")
     if not os.path.isdir(venv):
         _build(venv)
-    py = os.path.join(venv, "bin", "python")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("VIRTUAL_ENV", None)
+    _install_package(venv, str(tmp_path_factory.mktemp("light-src")))
+    outside = str(tmp_path_factory.mktemp("light-cwd"))   # not the checkout: nothing importable from cwd
+    py, script = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "slime-moe-rollout")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def cli(*args):
-        p = subprocess.run([py, "-m", "rollout.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                           timeout=120)
+        p = subprocess.run([script, *args], capture_output=True, text=True, env=env, cwd=outside, timeout=120)
         return p.returncode, p.stdout, p.stderr
 
-    probe = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in ('torch', 'sglang') "
-                                      "if u.find_spec(m)])"], capture_output=True, text=True, env=env)
-    assert probe.stdout.strip() == "[]", f"the light env holds {probe.stdout.strip()}"
+    probe = subprocess.run([py, "-c", "import importlib.util as u, rollout; print([m for m in ('torch', 'sglang') "
+                                      "if u.find_spec(m)], rollout.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=outside)
+    found, where = probe.stdout.split(" ", 1) if " " in probe.stdout else (probe.stdout, probe.stderr)
+    assert found == "[]", f"the light env holds {probe.stdout.strip()}"
+    assert where.strip().startswith(os.path.join(venv, "lib")), f"rollout is imported from {where.strip()}"
     return cli
 
 
