@@ -1,0 +1,238 @@
+"""Custom generate functions in plugin mode: slime's `--custom-generate-function-path` (and a sample's own
+`generate_function_path`) called for every training sample, its requests answered by the manager.
+
+slime's example functions build the URL themselves (`http://{args.sglang_router_ip}:{args.sglang_router_port}/generate`)
+and post with `slime.utils.http_utils.post`, imported by name at their import (`from ... import post`), so
+wrapping `post` would miss them. Instead `Front` is a loopback HTTP server speaking SGLang's `/generate`
+(input_ids in; `text`, `output_ids`, `meta_info` with `output_token_logprobs`, `finish_reason`, base64 int32
+`routed_experts` of every token of the sequence out), and `args.sglang_router_ip/port` point at it while the
+functions run. A request carries no group or sample id, so the front keys it by the longest known token
+prefix: a fresh sample's first turn by its group's prompt, a later turn by the tokens its sample's previous
+turn ended with. Each turn is one `RolloutManager.generate` call of a manager sample in the slime group's
+manager group, carrying the engine and DP rank of the sample's previous turn: group placement
+(`rollout/placement.py`) seats the group's samples together and sends every later turn back to that rank,
+so each turn's prefix is in its cache; lost engines and re-sends are the dispatcher's (exactly once per
+turn). The user's function merges the turns itself, as under slime (`Sample.append_response_tokens`).
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Optional
+
+from aiohttp import web
+
+from rollout.routed_experts import encode_sglang, expand
+from rollout.slime import attach
+from rollout.types import Sample as ManagerSample
+from rollout.types import SampleStatus
+
+__all__ = ["Front", "custom_path", "run_groups"]
+
+
+@dataclass
+class _Track:
+    """What the front knows of one slime sample: the tokens its last turn ended with, where it ran."""
+
+    group_id: str
+    index: int
+    known: list
+    engines: list = field(default_factory=list)
+    dp_rank: Optional[int] = None
+    turns: int = 0
+
+
+class Front:
+    """SGLang's `/generate` on a loopback port, answered by `backend.generate` with group placement."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.roots: dict = {}      # group id -> [prompt ids, next sample index]
+        self.tracks: list = []
+        self.requests = 0
+        self.runner = self.port = None
+
+    async def start(self) -> "Front":
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_post("/generate", self._generate)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def open_group(self, group_id: str, prompt_ids: list) -> None:
+        self.roots[group_id] = [list(prompt_ids), 0]
+
+    def close_group(self, group_id: str) -> list:
+        """Forget the group; returns its tracks (one per sample that sent a turn)."""
+        self.roots.pop(group_id, None)
+        mine = [t for t in self.tracks if t.group_id == group_id]
+        self.tracks = [t for t in self.tracks if t.group_id != group_id]
+        return mine
+
+    def _track(self, ids: list) -> Optional[_Track]:
+        """The sample a request continues (longest known prefix), or a new one of the group whose prompt
+        it starts with."""
+        best = max((t for t in self.tracks if len(t.known) <= len(ids) and ids[:len(t.known)] == t.known),
+                   key=lambda t: len(t.known), default=None)
+        root = max(((g, r) for g, r in self.roots.items() if ids[:len(r[0])] == r[0]),
+                   key=lambda gr: len(gr[1][0]), default=None)
+        if best is not None and (root is None or len(best.known) > len(root[1][0])):
+            return best
+        if root is None:
+            return None
+        gid, r = root
+        t = _Track(gid, r[1], list(ids))
+        r[1] += 1
+        self.tracks.append(t)
+        return t
+
+    async def _generate(self, request):
+        body = await request.json()
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids:
+            return web.Response(status=400, text="plugin mode's front takes input_ids (a custom generate "
+                                                  "function that sends text or images is not supported)")
+        track = self._track([int(i) for i in ids])
+        if track is None:
+            return web.Response(status=400, text="input_ids start with no prompt of this rollout step")
+        sp = dict(body.get("sampling_params") or {})
+        budget = int(sp.pop("max_new_tokens", 0) or 0)
+        ms = ManagerSample(f"{track.group_id}/{track.index}", track.group_id, track.index, list(ids),
+                           max_new_tokens=budget, engines=list(track.engines), dp_rank=track.dp_rank)
+        if budget <= 0:
+            ms.status = SampleStatus.TRUNCATED
+        else:
+            ms = await self.backend.generate(ms, sp)
+        self.requests += 1
+        track.turns += 1
+        track.engines, track.dp_rank = list(ms.engines), ms.dp_rank
+        track.known = list(ids) + list(ms.response_ids)
+        if ms.status is SampleStatus.FAILED:
+            return web.Response(status=500, text=f"sample {ms.sample_id}: {ms.error}")
+        return web.json_response(self._answer(ms, budget))
+
+    def _answer(self, ms: ManagerSample, budget: int) -> dict:
+        text, meta = ("", {})
+        if ms.outputs:
+            _, text, meta = ms.outputs[-1]
+        meta = dict(meta)
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(ms.logprobs, ms.response_ids)]
+        meta.setdefault("finish_reason", {"type": "length" if budget <= 0 else "stop"})
+        meta.setdefault("prompt_tokens", len(ms.prompt_ids))
+        meta["completion_tokens"] = len(ms.response_ids)
+        layout = self.backend.layout
+        if ms.routed_experts is not None and layout is not None:   # SGLang's wire: every token of the sequence
+            meta["routed_experts"] = encode_sglang(expand(ms.routed_experts, layout))
+        return {"text": text, "output_ids": list(ms.response_ids), "meta_info": meta}
+
+
+def custom_path(args, sample) -> Optional[str]:
+    """slime's rule: the sample's own `generate_function_path`, else `--custom-generate-function-path`."""
+    return getattr(sample, "generate_function_path", None) or getattr(args, "custom_generate_function_path", None)
+
+
+async def _call(args, fn, sample, sampling_params):
+    if "evaluation" in inspect.signature(fn).parameters:
+        return await fn(args, sample, sampling_params, evaluation=False)
+    return await fn(args, sample, sampling_params)
+
+
+async def run_groups(args, front: Front, groups: list, load) -> list:
+    """Call each sample's custom generate function as slime's generate_and_rm_group does (one sampling-params
+    copy per sample, with slime's per-index seed under deterministic inference); requests reach `front`.
+    Returns, per group, what the functions returned (a `Sample` or a `list[Sample]` each)."""
+    base = attach.sampling_from_args(args)
+    seeds = attach.group_seeds(args)
+    saved = (args.sglang_router_ip, args.sglang_router_port)
+    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", front.port
+    try:
+        async def one_group(group):
+            tasks = []
+            for i, s in enumerate(group):
+                sp = dict(base)
+                if seeds:
+                    sp["sampling_seed"] = seeds[i % len(seeds)]
+                tasks.append(_call(args, load(custom_path(args, s)), s, sp))
+            return list(await asyncio.gather(*tasks))
+        return list(await asyncio.gather(*(one_group(g) for g in groups)))
+    finally:
+        args.sglang_router_ip, args.sglang_router_port = saved
+
+
+async def _finish(args, group: list, adapter) -> list:
+    """slime's generate_and_rm after generation, per function result: hooks, then the reward (`batched_async_rm`
+    on a `list[Sample]`; none for ABORTED); `--group-rm`: one batched reward over the group."""
+    out = []
+    for s in group:
+        s = await adapter._hooks(args, s)
+        if not getattr(args, "group_rm", False):
+            if isinstance(s, list):
+                if not any(x.status == x.Status.ABORTED for x in s):
+                    need = [x for x in s if x.reward is None]
+                    for x, r in zip(need, await adapter._call_rm(args, "batched_async_rm", need)):
+                        x.reward = r
+            elif s.status != s.Status.ABORTED and s.reward is None:
+                s.reward = await adapter._call_rm(args, "async_rm", s)
+        out.append(s)
+    if getattr(args, "group_rm", False):
+        for s, r in zip(out, await adapter._call_rm(args, "batched_async_rm", out)):
+            s.reward = r
+    return out
+
+
+def generate_rollout(args, data_source):
+    """Plugin mode's training step when a custom generate function is set: groups fetched
+    `over_sampling_batch_size` at a time until `rollout_batch_size` are kept (slime's dynamic filter applies),
+    every sample through its function, the step's samples as slime returns them."""
+    from rollout.slime import adapter
+    from rollout.slime.types import RolloutFnTrainOutput
+    backend, tokenizer = adapter._ensure(args)
+    loop = adapter._loop()
+    front = _FRONTS.get(id(backend))
+    if front is None:
+        front = _FRONTS[id(backend)] = loop.run(Front(backend).start())
+    want = int(args.rollout_batch_size)
+    over = int(getattr(args, "over_sampling_batch_size", None) or want)
+    filt = adapter._Filter(args)
+    kept, seen, on_one_rank = [], [], 0
+    while len(kept) < want:
+        got = data_source.get_samples(over)
+        if not got:
+            break
+        gids = [backend.new_group(adapter._prompt_ids(g[0], tokenizer)).group_id for g in got]
+        for gid, g in zip(gids, got):
+            front.open_group(gid, adapter._prompt_ids(g[0], tokenizer))
+
+        async def step():
+            await backend.relist()
+            done = await run_groups(args, front, got, adapter._load)
+            return [await _finish(args, g, adapter) for g in done]
+        finished = loop.run(step())
+        for gid, g in zip(gids, finished):
+            seats = {(e, t.dp_rank) for t in front.close_group(gid) for e in t.engines}
+            seen.append(g)
+            if len(kept) >= want or filt.drop(args, g, len(kept) + len(got), want):
+                continue
+            kept.append(g)
+            on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
+    first = lambda g: (g[0][0] if isinstance(g[0], list) else g[0]).index or 0   # noqa: E731
+    data = sorted(kept, key=first)
+    if getattr(args, "rollout_sample_filter_path", None):
+        adapter._load(args.rollout_sample_filter_path)(args, data)
+    if getattr(args, "rollout_all_samples_process_path", None):
+        adapter._load(args.rollout_all_samples_process_path)(args, sorted(seen, key=first), data_source)
+    metrics = dict(filt.metrics())
+    metrics.update({"rollout/groups": len(data), "rollout/groups_on_one_rank": on_one_rank,
+                    "rollout/custom_generate_requests": front.requests})
+    return RolloutFnTrainOutput(samples=data, metrics=metrics)
+
+
+_FRONTS: dict = {}   # backend id -> its Front (started once, on the adapter's loop)
