@@ -242,6 +242,9 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     if evaluation:
         return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
+    if getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate"):
+        from rollout.slime import custom   # the user's function per sample, its requests through the manager
+        return custom.generate_rollout(args, data_source)
     backend, tokenizer = _ensure(args)
     n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
     if backend.n_samples != n:
