@@ -236,6 +236,23 @@ def test_resume_of_a_finished_run_starts_nothing(tmp_path, capsys):
     assert not (tmp_path / "logs").exists() or not os.listdir(tmp_path / "logs")
 
 
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("meta, lines, text", [
+    ({"run_id": "AAA", "num_groups": 3}, ["BBB-g0", "BBB-g1", "BBB-g2"], "line 1 is group BBB-g0, not of run AAA"),
+    ({"run_id": "a", "num_groups": 3}, ["a-g0", "a-g1", "a-g1"], "line 3 repeats group a-g1"),
+    ({"run_id": "a", "num_groups": "3"}, ["a-g0"], "is not a run description (num_groups: expected int, got '3')"),
+])
+def test_resume_of_a_foreign_or_broken_log_is_one_line(tmp_path, capsys, meta, lines, text):
+    """Before, a foreign log counted as done ("nothing to run", exit 0) and a wrong type raised a TypeError."""
+    out = tmp_path / "r.jsonl"
+    (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"config": TINY, "seed": 0, **meta}))
+    body = "".join(json.dumps({"group_id": g}) + "\n" for g in lines)
+    out.write_text(body)
+    err = _run_bad(capsys, ["run", "--resume", str(out), "--log-dir", str(tmp_path / "logs")])
+    assert text in err and out.read_text() == body
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)   # two runs, two engine starts each, on a loaded 2-core machine
 def test_prompts_file_on_the_demo_config_then_resume(tmp_path):
