@@ -256,7 +256,14 @@ class RolloutManager:
                 leftovers.append(group)
                 continue
             tasks.append(asyncio.create_task(run_group(group)))
-        await asyncio.gather(*tasks)
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:   # a sink that raises ends the step: nothing keeps running behind it
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.dispatcher.draining = False
+            raise
         self.dispatcher.draining = False
         if self.dispatcher.closed_reason:
             raise EnginesLost(self.dispatcher.closed_reason)

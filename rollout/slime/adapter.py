@@ -27,8 +27,10 @@ public calls are used: `new_group`, `rollout`, `carried`, `relist`, `generate`, 
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
 import itertools
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
@@ -73,7 +75,9 @@ _SLIME = {  # slime's own rollout helpers (importable wherever slime calls this 
     "call_dynamic_filter": "slime.rollout.filter_hub.base_types.call_dynamic_filter",
     "should_drop": "slime.rollout.filter_hub.base_types.should_drop_dynamic_filter_output",
     "MetricGatherer": "slime.rollout.filter_hub.base_types.MetricGatherer",
+    "loop": "slime.utils.async_utils.get_async_loop",
 }
+DROP_FAILED_ENV = "SLIME_MOE_ROLLOUT_DROP_FAILED"   # 1: drop groups with a FAILED sample (counted), else raise
 
 
 def _load(path: str):
@@ -89,9 +93,14 @@ def _slime(name: str, why: str):
 
 
 def _loop() -> attach.Loop:
+    """slime's own loop thread (`slime.utils.async_utils`) where slime is importable, so rewards and their
+    loop-bound clients (remote_rm's session) share one loop with slime's eval; else one of ours."""
     with _LOCK:
         if _STATE.loop is None:
-            _STATE.loop = attach.Loop()
+            try:
+                _STATE.loop = attach.Loop(_load(_SLIME["loop"])().loop)
+            except ImportError:
+                _STATE.loop = attach.Loop()
         return _STATE.loop
 
 
@@ -135,9 +144,11 @@ def _prompt_ids(sample, tokenizer) -> list:
     return list(tokenizer.encode(sample.prompt, add_special_tokens=False))
 
 
-def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
+def fill_sample(args, dst: Sample, src: ManagerSample, layout=None, off_policy: int = 0) -> Sample:
     """Replay the manager sample's SGLang answers into slime's `Sample` through slime's own
-    `append_response_tokens`, then set `rollout_routed_experts` (already merged) in slime's shape."""
+    `append_response_tokens`, then set `rollout_routed_experts` (already merged) in slime's shape.
+    `off_policy`: response tokens generated in earlier steps; with `--partial-rollout` and
+    `--mask-offpolicy-in-partial-rollout` their loss mask is 0, as slime sets it before continuing."""
     if not dst.tokens:
         dst.tokens = list(src.prompt_ids)
     pos = len(dst.tokens) - len(src.prompt_ids)          # response tokens slime already holds
@@ -145,6 +156,9 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
         dst.append_response_tokens(args, tokens=src.response_ids[pos:pos + n], log_probs=src.logprobs[pos:pos + n],
                                    trainable=True, meta_info=meta, text=text)
         pos += n
+    if off_policy and getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout",
+                                                                           False):
+        dst.loss_mask = [0] * off_policy + list(dst.loss_mask[off_policy:])
     if src.status is SampleStatus.TRUNCATED and not src.outputs:
         dst.status = Sample.Status.TRUNCATED               # budget already used up: no request
     elif src.status is SampleStatus.FAILED:
@@ -171,16 +185,26 @@ async def _call_rm(args, name: str, value):
 
 
 async def _finish_group(args, group: list) -> list:
-    """What slime's generate_and_rm / generate_and_rm_group do after generation."""
-    group = [await _hooks(args, s) for s in group]
+    """What slime's generate_and_rm / generate_and_rm_group do after generation: each sample's hooks and
+    reward concurrently (slime runs one task per sample), or `batched_async_rm` once with `--group-rm`."""
+    group = list(await asyncio.gather(*(_hooks(args, s) for s in group)))
     if getattr(args, "group_rm", False):
         for s, r in zip(group, await _call_rm(args, "batched_async_rm", group)):
             s.reward = r
         return group
-    for s in group:
-        if s.status != Sample.Status.ABORTED and s.reward is None:
-            s.reward = await _call_rm(args, "async_rm", s)
+    todo = [s for s in group if s.status != Sample.Status.ABORTED and s.reward is None]
+    for s, r in zip(todo, await asyncio.gather(*(_call_rm(args, "async_rm", s) for s in todo))):
+        s.reward = r
     return group
+
+
+def _drop_failed(args) -> bool:
+    return bool(getattr(args, "slime_moe_rollout_drop_failed", False)) or os.environ.get(DROP_FAILED_ENV) == "1"
+
+
+def _failure(dst: Sample, src: ManagerSample) -> str:
+    return (f"sample index {dst.index} (group {dst.group_index}) failed on engine {src.engine}: {src.error} "
+            f"(set {DROP_FAILED_ENV}=1 to drop such groups instead, counted as rollout/failed_groups)")
 
 
 class _Filter:
@@ -208,8 +232,12 @@ class _Filter:
 class _Sink:
     """Receives finished manager groups, turns them into slime groups, applies slime's per-group steps."""
 
-    def __init__(self, args, pending: dict, layout, target: int):
+    def __init__(self, args, pending: dict, layout, target: int, off_policy: Optional[dict] = None):
         self.args, self.pending, self.layout, self.target = args, pending, layout, target
+        self.off_policy = off_policy if off_policy is not None else {}   # sample id -> earlier steps' tokens
+        self.seated = 0    # groups past the seat check, still in their hooks / reward / filter
+        self.changed: Optional[asyncio.Condition] = None
+        self.failed_groups = 0
         self.groups: list = []
         self.all_groups: list = []
         self.seen: set = set()
@@ -222,18 +250,41 @@ class _Sink:
             return False
         self.seen.add(group.group_id)
         slime_group = self.pending.pop(group.group_id)
-        if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
+        self.changed = self.changed or asyncio.Condition()
+        async with self.changed:   # a seat is taken before any await: never more than `target` groups
+            while len(self.groups) + self.seated >= self.target:
+                if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
+                    return False
+                await self.changed.wait()   # a seated group may still be filtered out
+            self.seated += 1
+        try:
+            kept = await self._finish(group, slime_group)
+        finally:
+            async with self.changed:
+                self.seated -= 1
+                self.changed.notify_all()
+        if not kept:
             return False
+        seats = {(e, s.dp_rank) for s in group.samples for e in s.engines}
+        self.on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
+        return True
+
+    async def _finish(self, group, slime_group) -> bool:
         for dst, src in zip(slime_group, group.samples):
-            fill_sample(self.args, dst, src, self.layout)
+            fill_sample(self.args, dst, src, self.layout, self.off_policy.get(src.sample_id, 0))
+        failed = [(d, s) for d, s in zip(slime_group, group.samples) if s.status is SampleStatus.FAILED]
+        if failed:
+            if not _drop_failed(self.args):
+                raise RuntimeError(_failure(*failed[0]))
+            self.failed_groups += 1
+            self.started -= 1
+            return False
         slime_group = await _finish_group(self.args, slime_group)
         self.all_groups.append(slime_group)
         if self.filter.drop(self.args, slime_group, self.started, self.target):
             self.started -= 1
             return False
         self.groups.append(slime_group)
-        seats = {(e, s.dp_rank) for s in group.samples for e in s.engines}
-        self.on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
         return True
 
 
@@ -251,7 +302,8 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
         raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
     pending = _STATE.pending
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
-    sink = _Sink(args, pending, backend.layout, want)
+    off_policy = {s.sample_id: len(s.response_ids) for g in backend.carried for s in g.samples}
+    sink = _Sink(args, pending, backend.layout, want, off_policy)
     results = []
     while len(sink.groups) < want:
         carried = len(backend.carried)
@@ -293,7 +345,7 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
                     "rollout/wall_s": sum(r.wall_s for r in results),
                     "rollout/compact_routed_engines": sum(f.endswith(": compact")
                                                               for f in getattr(backend, "routed_formats", {}).values()),
-                    "rollout/groups_on_one_rank": sink.on_one_rank})
+                    "rollout/groups_on_one_rank": sink.on_one_rank, "rollout/failed_groups": sink.failed_groups})
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 

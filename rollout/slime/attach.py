@@ -22,12 +22,14 @@ EMPTY_WAIT_S = 60.0   # the router registers workers in the background (POST /wo
 
 
 class Loop:
-    """One asyncio loop in a daemon thread: slime calls the rollout function synchronously."""
+    """One asyncio loop in a daemon thread: slime calls the rollout function synchronously. `loop`: an
+    existing loop already running in its own thread (slime's `async_utils` loop) instead of a new one."""
 
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="slime-moe-rollout", daemon=True)
-        self.thread.start()
+    def __init__(self, loop=None):
+        self.loop = loop or asyncio.new_event_loop()
+        if loop is None:
+            self.thread = threading.Thread(target=self.loop.run_forever, name="slime-moe-rollout", daemon=True)
+            self.thread.start()
 
     def run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
