@@ -90,5 +90,4 @@ def test_custom_generate_function_runs_for_every_sample_and_turn_on_one_worker(t
             seen.setdefault(prompt, set()).add(i)
     assert sum(len(w.requests) for w in two_workers.ws) == 8   # 2 groups x 2 samples x 2 turns
     assert all(len(v) == 1 for v in seen.values()), seen
-    assert out.metrics["rollout/groups_on_one_rank"] == 0 or out.metrics["rollout/groups"] == 2
     assert out.metrics["rollout/custom_generate_requests"] == 8

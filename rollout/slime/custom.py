@@ -28,7 +28,9 @@ from rollout.slime import attach
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
-__all__ = ["Front", "custom_path", "run_groups"]
+__all__ = ["Front", "custom_path", "generate_rollout", "run_groups"]
+SGLANG_MAX_NEW_TOKENS = 128   # SGLang's SamplingParams default, for a request that names none
+_FINISH = {SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort", SampleStatus.COMPLETED: "stop"}
 
 
 @dataclass
@@ -37,7 +39,8 @@ class _Track:
 
     group_id: str
     index: int
-    known: list
+    known: list            # tokens: the request's and its answer's
+    text: str = ""         # the same as text, for functions that send text (slime's search-r1 example)
     engines: list = field(default_factory=list)
     dp_rank: Optional[int] = None
     turns: int = 0
@@ -46,9 +49,9 @@ class _Track:
 class Front:
     """SGLang's `/generate` on a loopback port, answered by `backend.generate` with group placement."""
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.roots: dict = {}      # group id -> [prompt ids, next sample index]
+    def __init__(self, backend, tokenizer=None):
+        self.backend, self.tokenizer = backend, tokenizer
+        self.roots: dict = {}      # group id -> [prompt ids, prompt text, next sample index]
         self.tracks: list = []
         self.requests = 0
         self.runner = self.port = None
@@ -67,8 +70,8 @@ class Front:
         if self.runner is not None:
             await self.runner.cleanup()
 
-    def open_group(self, group_id: str, prompt_ids: list) -> None:
-        self.roots[group_id] = [list(prompt_ids), 0]
+    def open_group(self, group_id: str, prompt_ids: list, prompt_text=None) -> None:
+        self.roots[group_id] = [list(prompt_ids), prompt_text if isinstance(prompt_text, str) else None, 0]
 
     def close_group(self, group_id: str) -> list:
         """Forget the group; returns its tracks (one per sample that sent a turn)."""
@@ -77,34 +80,45 @@ class Front:
         self.tracks = [t for t in self.tracks if t.group_id != group_id]
         return mine
 
-    def _track(self, ids: list) -> Optional[_Track]:
-        """The sample a request continues (longest known prefix), or a new one of the group whose prompt
-        it starts with."""
-        best = max((t for t in self.tracks if len(t.known) <= len(ids) and ids[:len(t.known)] == t.known),
-                   key=lambda t: len(t.known), default=None)
-        root = max(((g, r) for g, r in self.roots.items() if ids[:len(r[0])] == r[0]),
-                   key=lambda gr: len(gr[1][0]), default=None)
-        if best is not None and (root is None or len(best.known) > len(root[1][0])):
+    def _track(self, key, by_text: bool) -> Optional[_Track]:
+        """The sample a request continues (the longest known prefix of its tokens, or of its text), or a new
+        one of the group whose prompt it starts with."""
+        def starts(prefix):
+            return prefix is not None and len(prefix) <= len(key) and key[:len(prefix)] == prefix
+        best = max((t for t in self.tracks if starts(t.text if by_text else t.known)),
+                   key=lambda t: len(t.text if by_text else t.known), default=None)
+        root = max(((g, r) for g, r in self.roots.items() if starts(r[1] if by_text else r[0])),
+                   key=lambda gr: len(gr[1][1] if by_text else gr[1][0]), default=None)
+        if best is not None and (root is None or len(best.text if by_text else best.known)
+                                 > len(root[1][1] if by_text else root[1][0])):
             return best
         if root is None:
             return None
         gid, r = root
-        t = _Track(gid, r[1], list(ids))
-        r[1] += 1
+        t = _Track(gid, r[2], [])
+        r[2] += 1
         self.tracks.append(t)
         return t
 
     async def _generate(self, request):
         body = await request.json()
-        ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids:
-            return web.Response(status=400, text="plugin mode's front takes input_ids (a custom generate "
-                                                  "function that sends text or images is not supported)")
-        track = self._track([int(i) for i in ids])
+        ids, text = body.get("input_ids"), body.get("text")
+        if body.get("image_data") or not (isinstance(ids, list) and ids or isinstance(text, str) and text):
+            return web.Response(status=400, text="plugin mode's front takes one request of input_ids or text "
+                                                  "(no batches, no image_data)")
+        if ids is None:
+            if self.tokenizer is None:
+                return web.Response(status=400, text="a text request needs slime's tokenizer (--hf-checkpoint)")
+            ids = list(self.tokenizer.encode(text))   # as SGLang's tokenizer manager encodes a text prompt
+        ids = [int(i) for i in ids]
+        by_text = "input_ids" not in body
+        track = self._track(text if by_text else ids, by_text)
         if track is None:
-            return web.Response(status=400, text="input_ids start with no prompt of this rollout step")
+            return web.Response(status=400, text="the request starts with no prompt of this rollout step")
         sp = dict(body.get("sampling_params") or {})
-        budget = int(sp.pop("max_new_tokens", 0) or 0)
+        budget = sp.pop("max_new_tokens", SGLANG_MAX_NEW_TOKENS)
+        if not isinstance(budget, int):
+            return web.Response(status=400, text=f"plugin mode's front needs an int max_new_tokens, got {budget!r}")
         ms = ManagerSample(f"{track.group_id}/{track.index}", track.group_id, track.index, list(ids),
                            max_new_tokens=budget, engines=list(track.engines), dp_rank=track.dp_rank)
         if budget <= 0:
@@ -117,20 +131,25 @@ class Front:
         track.known = list(ids) + list(ms.response_ids)
         if ms.status is SampleStatus.FAILED:
             return web.Response(status=500, text=f"sample {ms.sample_id}: {ms.error}")
-        return web.json_response(self._answer(ms, budget))
+        answer = self._answer(ms, body)
+        track.text = (text or "") + answer["text"]
+        return web.json_response(answer)
 
-    def _answer(self, ms: ManagerSample, budget: int) -> dict:
-        text, meta = ("", {})
-        if ms.outputs:
-            _, text, meta = ms.outputs[-1]
-        meta = dict(meta)
+    def _answer(self, ms: ManagerSample, body: dict) -> dict:
+        """SGLang's answer to `body` from the turn's manager sample (its answers merged, if it was resumed)."""
+        text = "".join(t for _, t, _ in ms.outputs)
+        meta = dict(ms.outputs[-1][2]) if ms.outputs else {}
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(ms.logprobs, ms.response_ids)]
-        meta.setdefault("finish_reason", {"type": "length" if budget <= 0 else "stop"})
+        meta.pop("routed_experts_start_len", None)
+        if not meta.get("finish_reason"):   # no answer kept (no budget, or aborted while queued)
+            meta["finish_reason"] = {"type": _FINISH.get(ms.status, "stop")}
         meta.setdefault("prompt_tokens", len(ms.prompt_ids))
         meta["completion_tokens"] = len(ms.response_ids)
         layout = self.backend.layout
-        if ms.routed_experts is not None and layout is not None:   # SGLang's wire: every token of the sequence
-            meta["routed_experts"] = encode_sglang(expand(ms.routed_experts, layout))
+        if body.get("return_routed_experts") and ms.routed_experts is not None and layout is not None:
+            start = int(body.get("routed_experts_start_len") or 0)   # SGLang's wire: rows from start_len on
+            meta["routed_experts"] = encode_sglang(expand(ms.routed_experts, layout)[start:])
+            meta["routed_experts_start_len"] = start
         return {"text": text, "output_ids": list(ms.response_ids), "meta_info": meta}
 
 
@@ -198,7 +217,7 @@ def generate_rollout(args, data_source):
     loop = adapter._loop()
     front = _FRONTS.get(id(backend))
     if front is None:
-        front = _FRONTS[id(backend)] = loop.run(Front(backend).start())
+        front = _FRONTS[id(backend)] = loop.run(Front(backend, tokenizer).start())
     want = int(args.rollout_batch_size)
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
     filt = adapter._Filter(args)
@@ -209,7 +228,7 @@ def generate_rollout(args, data_source):
             break
         gids = [backend.new_group(adapter._prompt_ids(g[0], tokenizer)).group_id for g in got]
         for gid, g in zip(gids, got):
-            front.open_group(gid, adapter._prompt_ids(g[0], tokenizer))
+            front.open_group(gid, adapter._prompt_ids(g[0], tokenizer), g[0].prompt)
 
         async def step():
             await backend.relist()
