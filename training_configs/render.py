@@ -95,7 +95,13 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
         out += ["--rollout-external-engine-addrs", *(addrs or external_addrs(cfg))]
     else:
         out += ["--rollout-function-path", ADAPTER_ROLLOUT_FN]
-    out += fields_to_flags({k.replace("-", "_"): v for k, v in cfg.slime.extra_args.items()})
+    extra = {k.replace("-", "_"): v for k, v in cfg.slime.extra_args.items()}
+    if extra.get("mask_offpolicy_in_partial_rollout") and not r.partial_rollout:
+        raise ConfigError("slime-args: slime.extra_args.mask_offpolicy_in_partial_rollout needs "
+                          "rollout.partial_rollout: true (slime reads it only with --partial-rollout)")
+    if mode == "plugin" and r.partial_rollout and "partial_rollout" not in extra:
+        out.append("--partial-rollout")   # plugin mode reads slime's flag: without it stragglers restart
+    out += fields_to_flags(extra)
     return out
 
 
