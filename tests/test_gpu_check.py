@@ -262,7 +262,7 @@ def test_engine_commands_resolve_through_sglang_server_args(tmp_path):
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {d["name"]: d for d in map(json.loads, r.stdout.strip().splitlines())}
-    assert list(rows) == ["plugin", "no-snapshot", "no-plugin", "nextn"]
+    assert list(rows) == ["plugin", "no-snapshot", "no-plugin", "nextn", "retract", "retract-off"]
     for name, d in rows.items():
         res = d["resolved"]
         assert res["device"] == "cuda" and res["tp_size"] == 1 and res["attention_backend"] == "triton"
@@ -274,6 +274,18 @@ def test_engine_commands_resolve_through_sglang_server_args(tmp_path):
     assert rows["no-plugin"]["env"]["SGLANG_PLUGINS"] == "none"
     assert rows["no-snapshot"]["env"]["SLIME_MOE_ROLLOUT_DISABLE"] == "capture-snapshot"
     assert "SGLANG_PLUGINS" not in rows["plugin"]["env"]
+    # the retraction check: both small-pool engines differ from the reference only in the pool's admission
+    # fields, and the disabled one only in the two fixes
+    for name in ("retract", "retract-off"):
+        res = rows[name]["resolved"]
+        assert (res["max_total_tokens"], res["max_running_requests"], res["schedule_conservativeness"]) == \
+            (plan.RETRACT_POOL, plan.RETRACT_REQUESTS, 0.1)
+        assert {k: v for k, v in res.items() if k not in plan.RETRACT_FIELDS} == \
+            {k: v for k, v in rows["plugin"]["resolved"].items() if k not in plan.RETRACT_FIELDS}
+    assert rows["plugin"]["resolved"]["max_total_tokens"] > plan.RETRACT_REQUESTS * (40 + plan.RETRACT_NEW)
+    assert plan.RETRACT_POOL < plan.RETRACT_REQUESTS * (5 + plan.RETRACT_NEW)  # even the shortest prompts overflow it
+    assert rows["retract-off"]["env"]["SLIME_MOE_ROLLOUT_DISABLE"] == "retraction-rows,retraction-routes"
+    assert "SLIME_MOE_ROLLOUT_DISABLE" not in rows["retract"]["env"]
 
 
 def test_engine_checks_cli_parses_without_cuda():
@@ -379,6 +391,52 @@ def test_judges_on_recorded_inputs():
     v = judges.judge_speed([70, 71, 72], [100, 100, 100])
     assert not v.ok and "plugin/stock tokens/s 0.710" in v.reason
     assert not judges.judge_speed([], [1]).ok
+
+
+def _answer(prompt, out, rows, pre, rule):
+    return {"prompt": prompt, "output_ids": out, "routed": rows, "pre": pre, "rule": rule}
+
+
+def test_retraction_judge_on_recorded_inputs():
+    """The retraction check: the tokens before a request's first retraction from its stream; the rows of the
+    positions computed before it vs the reference's; the verdicts for each outcome."""
+    mi = lambda n: {"num_retractions": n}  # noqa: E731
+    chunks = [{"output_ids": [1], "meta_info": mi(0)}, {"output_ids": [1, 2, 3], "meta_info": mi(0)},
+              {"output_ids": [1, 2, 3, 4], "meta_info": mi(1)}, {"output_ids": [1, 2, 3, 4, 5], "meta_info": mi(2)}]
+    assert judges.pre_retraction_tokens(chunks) == 3
+    assert judges.pre_retraction_tokens(chunks[:2]) is None
+    assert judges.pre_retraction_tokens(chunks[2:]) == 0
+
+    # 2 prompt tokens, 4 output tokens: rows for positions 0..4; retracted after 3 tokens: positions 0..3 compare
+    row = lambda e: [[0, 0], [e, e + 1], [e + 2, e + 3]]  # noqa: E731 - layer 0 dense, layers 1-2 MoE
+    ref = [{"output_ids": [7, 8, 9, 10], "routed": [row(i) for i in range(5)]},
+           {"output_ids": [7, 8, 9, 10], "routed": [row(i) for i in range(5)]}]
+    layers = range(1, 3)
+    good = [_answer(2, [7, 8, 9, 10], [row(i) for i in range(4)] + [row(9)], 3, "sampling-time"),
+            _answer(2, [7, 8, 9, 10], [row(i) for i in range(5)], None, "sampling-time")]
+    fix = judges.retraction_rows(good, ref, layers)
+    assert fix == {"requests": 2, "retracted": 1, "token_layers": 8, "differ": 0, "first": None,
+                   "rules": ["sampling-time"]}, fix  # position 4 (after the retraction) is not compared
+    bad = [_answer(2, [7, 8, 9, 10], [row(i) for i in range(3)] + [row(5), row(4)], 3, None), good[1] | {"rule": None}]
+    off = judges.retraction_rows(bad, ref, layers)
+    assert off["differ"] == 2 and off["first"] == "request 0 position 3 layer 1: [5, 6] vs [3, 4]", off
+    early = judges.retraction_rows([bad[0] | {"output_ids": [7, 8, 1, 1]}], ref[:1], layers)
+    assert early["token_layers"] == 6 and early["differ"] == 0  # up to the first output token that differs
+
+    v = judges.judge_retraction(fix, off, 0)
+    assert v.ok and v.reason.endswith("the fixed arm equals the reference, the disabled arm differs"), v.reason
+    assert "fix on 0 of 8 differ (1 of 2 requests retracted), disabled 2 of 8 (1 retracted, 0 refused)" in v.reason
+    assert judges.judge_retraction(fix, {**off, "differ": 0}, 1).reason.endswith("the disabled arm is refused")
+    v = judges.judge_retraction(fix, {**off, "differ": 0}, 0)
+    assert v.skip and not v.ok and "the disabled arm proved nothing" in v.reason
+    v = judges.judge_retraction({**fix, "retracted": 0}, off, 0)
+    assert not v.ok and not v.skip and v.reason.startswith("proved nothing: no request was retracted")
+    v = judges.judge_retraction(off | {"rules": ["sampling-time"]}, off, 0)
+    assert not v.ok and "(first with the fix: request 0 position 3 layer 1: [5, 6] vs [3, 4])" in v.reason
+    v = judges.judge_retraction(fix, fix, 0)
+    assert not v.ok and "the fixes were not off" in v.reason
+    v = judges.judge_retraction(off, off, 0)
+    assert not v.ok and "not only 'sampling-time'" in v.reason
 
 
 def test_judge_status_on_real_patches_status_output():

@@ -3,8 +3,9 @@ graphs, overlap scheduling, routed experts; one judged line per check (`gpu-chec
 
 Run by scripts/gpu_check/run.sh (PYTHONPATH=<site>:<repo>, the kernel shim in <site>/sitecustomize.py):
     python scripts/gpu_check/engine_checks.py --work DIR [--budget S] [--requests N]
-Four engines start side by side on the one GPU (plan.engine_specs): the plugin; the plugin without
-capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin. The tiny GLM-4.5 (bf16) is
+Six engines start side by side on the one GPU (plan.engine_specs): the plugin; the plugin without
+capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin; two small-pool engines (the
+plugin, and the plugin with retraction-rows and retraction-routes disabled) for the retraction check. The tiny GLM-4.5 (bf16) is
 built locally in DIR. Exit status 1 if any check FAILs. Engine logs go to DIR/engine-NAME.log.
 """
 import argparse
@@ -24,6 +25,8 @@ import judges  # noqa: E402
 import plan  # noqa: E402
 from rollout.cli.engine import log_text, parse_active_fixes  # noqa: E402
 from rollout.net import auth_headers  # noqa: E402
+from sglang_patches.fixes.retraction_rows import META_KEY as RETRACTION_META  # noqa: E402
+from sglang_patches.fixes.retraction_rows import SAMPLING_TIME as RETRACTION_SAMPLING_TIME  # noqa: E402
 
 RESULTS = []
 MAX_NEW = 24
@@ -126,7 +129,8 @@ def ask(eng, ids, n):
     out = r.json()
     seq = list(ids) + out["output_ids"][:-1]  # SGLang reports P+O-1 rows: the last token is never forwarded
     routed = decode_int32(out["meta_info"]["routed_experts"]).reshape(-1, NUM_LAYERS, TOP_K).tolist()
-    return {"seq": seq, "routed": routed, "out": len(out["output_ids"])}
+    return {"seq": seq, "routed": routed, "out": len(out["output_ids"]),
+            "weight_version": out["meta_info"].get("weight_version")}
 
 
 class Router:
@@ -213,6 +217,52 @@ def check_speed(engines):
     report(judges.judge_speed(tps["plugin"], tps["no-plugin"]))
 
 
+def stream(eng, ids, n):
+    """One greedy streamed request with `min_new_tokens` (SGLang retracts it under KV pressure instead of
+    reserving its budget, as `ignore_eos` would): its rows, and its output tokens before its first retraction."""
+    import requests
+
+    from rollout.models.tiny import NUM_LAYERS, TOP_K
+    from rollout.routed_experts.codec import decode_int32
+
+    body = {"input_ids": list(ids), "stream": True, "return_routed_experts": True,
+            "sampling_params": {"max_new_tokens": n, "min_new_tokens": n, "temperature": 0}}
+    chunks = []
+    with requests.post(eng.url + "/generate", headers=auth_headers(eng.api_key), json=body, stream=True,
+                       timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                chunks.append(json.loads(line[6:]))
+    last = chunks[-1]
+    routed = decode_int32(last["meta_info"]["routed_experts"]).reshape(-1, NUM_LAYERS, TOP_K).tolist()
+    return {"prompt": len(ids), "output_ids": last["output_ids"], "routed": routed, "meta_info": last["meta_info"],
+            "pre": judges.pre_retraction_tokens(chunks), "rule": last["meta_info"].get(RETRACTION_META)}
+
+
+def check_retraction(engines):
+    """retraction-rows / retraction-routes on CUDA: the small-pool engines (plan.RETRACT_FIELDS) with the fixes
+    and with them disabled, side by side, the same concurrent requests; the reference is the plugin engine
+    (a pool that holds them all), one request at a time."""
+    from rollout.models.tiny import NUM_LAYERS
+    from rollout.routed_experts.retraction import retraction_reason
+
+    batch = prompts(plan.RETRACT_REQUESTS, seed=4)
+    arms = ("retract", "retract-off")
+    with ThreadPoolExecutor(len(arms) * len(batch)) as ex:
+        futs = {a: [ex.submit(stream, engines[a], ids, plan.RETRACT_NEW) for ids in batch] for a in arms}
+        runs = {a: [f.result() for f in fs] for a, fs in futs.items()}
+    ref = [stream(engines["plugin"], ids, plan.RETRACT_NEW) for ids in batch]
+    if any(r["pre"] is not None for r in ref):
+        raise RuntimeError("the reference engine retracted a request")
+    layers = range(1, NUM_LAYERS)  # the MoE layers (layer 0 is dense)
+    got = {a: judges.retraction_rows(runs[a], ref, layers) for a in arms}
+    version = ask(engines["retract-off"], batch[0], 1)["weight_version"]  # the engine's, as the dispatcher sends
+    refused = sum(retraction_reason(o["meta_info"], version) is not None for o in runs["retract-off"])
+    print(f"  retraction: {json.dumps(got)}", flush=True)
+    report(judges.judge_retraction(got["retract"], got["retract-off"], refused, RETRACTION_SAMPLING_TIME))
+
+
 def check_status(eng, spec):
     env = {**os.environ, **plan.ENGINE_ENV, **spec.env}  # the engine's interpreter and environment
     p = subprocess.run([sys.executable, "-m", "rollout.cli", "patches", "status"], cwd=ROOT, env=env,
@@ -258,6 +308,7 @@ def main(argv=None) -> int:
         steps = [("routed_experts[plugin]", {"plugin"}, check_routed, ("plugin", engines["plugin"], router, args.requests)),
                  ("routed_experts[nextn]", {"nextn"}, check_routed, ("nextn", engines["nextn"], router, args.requests)),
                  ("capture_snapshot_engine", {"plugin", "no-snapshot"}, check_snapshot, (engines, router)),
+                 ("retraction_engine", {"plugin", "retract", "retract-off"}, check_retraction, (engines,)),
                  ("plugin_speed", {"plugin", "no-plugin"}, check_speed, (engines,)),
                  ("patches_status", {"plugin"}, check_status, (engines["plugin"], specs[0]))]
         for name, needs, fn, fargs in steps:

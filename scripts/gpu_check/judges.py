@@ -118,6 +118,69 @@ def judge_speed(on_tps: list, off_tps: list, floor: float = SPEED_FLOOR) -> Verd
     return Verdict("plugin_speed", ratio >= floor, text)
 
 
+def pre_retraction_tokens(chunks: list) -> Optional[int]:
+    """A streamed request's chunks (cumulative `output_ids`, `meta_info.num_retractions`): the output tokens it
+    had before its first retraction (the last chunk still at 0 retractions), None when never retracted."""
+    before = 0
+    for c in chunks:
+        if int(c["meta_info"].get("num_retractions") or 0):
+            return before
+        before = len(c.get("output_ids") or [])
+    return None
+
+
+def retraction_rows(run: list, reference: list, layers: range) -> dict:
+    """run: per request {"prompt": n, "output_ids", "routed": [[[topk] per layer] per row], "pre": tokens
+    before its retraction or None, "rule": meta_info's routed_experts_retraction}; reference: the same
+    prompts unretracted {"output_ids", "routed"}. The retracted requests' rows of the positions computed
+    before the retraction, [0, prompt + pre - 1), and before the first output token that differs from the
+    reference, vs the reference's rows on `layers`."""
+    got = {"requests": len(run), "retracted": 0, "token_layers": 0, "differ": 0, "first": None, "rules": set()}
+    for i, (o, r) in enumerate(zip(run, reference, strict=True)):
+        got["rules"].add(o["rule"])
+        if o["pre"] is None:
+            continue
+        got["retracted"] += 1
+        a, b = o["output_ids"], r["output_ids"]
+        same = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        hi = o["prompt"] + max(0, min(o["pre"], same) - 1)  # row p is the forward of the token at p
+        if len(o["routed"]) < hi or len(r["routed"]) < hi:
+            got["differ"] += len(layers) * hi
+            got["first"] = got["first"] or f"request {i}: {len(o['routed'])} rows, {len(r['routed'])} in the reference, want {hi}"
+            continue
+        for t in range(hi):
+            got["token_layers"] += len(layers)
+            bad = [ly for ly in layers if sorted(o["routed"][t][ly]) != sorted(r["routed"][t][ly])]
+            got["differ"] += len(bad)
+            if bad and got["first"] is None:
+                got["first"] = (f"request {i} position {t} layer {bad[0]}: {sorted(o['routed'][t][bad[0]])} vs "
+                                f"{sorted(r['routed'][t][bad[0]])}")
+    got["rules"] = sorted(str(x) for x in got["rules"])
+    return got
+
+
+def judge_retraction(fix: dict, off: dict, refused: int, sampling_time: str = "sampling-time") -> Verdict:
+    """fix / off: retraction_rows of the small-pool engine with the retraction fixes / with them disabled;
+    refused: the disabled arm's answers the client refuses (rollout.routed_experts.retraction)."""
+    name = "retraction_engine"
+    text = (f"pre-retraction token-layers vs the unretracted reference: fix on {fix['differ']} of "
+            f"{fix['token_layers']} differ ({fix['retracted']} of {fix['requests']} requests retracted), "
+            f"disabled {off['differ']} of {off['token_layers']} ({off['retracted']} retracted, {refused} refused)")
+    if not fix["retracted"] or not off["retracted"]:
+        return Verdict(name, False, f"proved nothing: no request was retracted ({text})")
+    if fix["rules"] != [sampling_time]:
+        return Verdict(name, False, f"the fixed engine's answers state {fix['rules']}, not only {sampling_time!r}: {text}")
+    if off["rules"] != ["None"]:
+        return Verdict(name, False, f"the disabled engine still states a rule {off['rules']}: the fixes were not off; {text}")
+    if fix["differ"] or not fix["token_layers"]:
+        return Verdict(name, False, f"{text} (first with the fix: {fix['first']})")
+    if not off["differ"] and not refused:  # the fixed arm's rows are right; the contrast is not shown
+        return Verdict(name, False, f"{text}: the fixed arm equals the reference; the disabled arm proved nothing "
+                       "(it equals the reference too, and no answer was refused)", skip=True)
+    how = "differs" if off["differ"] else "is refused"
+    return Verdict(name, True, f"{text}: the fixed arm equals the reference, the disabled arm {how}")
+
+
 # hooked on every reviewed release: the device engine must run them
 MUST_BE_ACTIVE = ("retraction-rows", "retraction-routes")
 

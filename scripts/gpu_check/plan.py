@@ -137,18 +137,33 @@ GRAPH_BS = [1, 2, 4, 8, 16]
 NEXTN = {"algorithm": "NEXTN", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3}
 
 
+# The retraction check's engines: a KV pool too small for RETRACT_REQUESTS requests of RETRACT_NEW tokens
+# (prompts of 5-40 tokens), every request admitted at once (a low schedule_conservativeness: SGLang reserves
+# little for future tokens), so the pool runs full while they decode and SGLang retracts some.
+RETRACT_POOL, RETRACT_REQUESTS, RETRACT_NEW = 512, 16, 64
+RETRACT_FIELDS = {"max_total_tokens": RETRACT_POOL, "max_running_requests": RETRACT_REQUESTS,
+                  "schedule_conservativeness": 0.1}
+RETRACTION_FIXES = "retraction-rows,retraction-routes"
+
+
 @dataclass
 class EngineSpec:
-    """One engine of the check: `kind` plain or nextn; env on top of the device's."""
+    """One engine of the check: `kind` plain or nextn; env on top of the device's; ServerArgs fields over
+    engine_fields'."""
     name: str
     kind: str = "plain"
     env: dict = field(default_factory=dict)
+    fields: dict = field(default_factory=dict)
 
 
 def engine_specs() -> list:
-    """plugin on; plugin without capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin."""
+    """plugin on; plugin without capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin;
+    the retraction check's small-pool engines, the plugin with and without the retraction fixes (the
+    reference, nobody retracted, is `plugin`)."""
     return [EngineSpec("plugin"), EngineSpec("no-snapshot", env={"SLIME_MOE_ROLLOUT_DISABLE": "capture-snapshot"}),
-            EngineSpec("no-plugin", env={"SGLANG_PLUGINS": "none"}), EngineSpec("nextn", kind="nextn")]
+            EngineSpec("no-plugin", env={"SGLANG_PLUGINS": "none"}), EngineSpec("nextn", kind="nextn"),
+            EngineSpec("retract", fields=dict(RETRACT_FIELDS)),
+            EngineSpec("retract-off", env={"SLIME_MOE_ROLLOUT_DISABLE": RETRACTION_FIXES}, fields=dict(RETRACT_FIELDS))]
 
 
 def engine_fields(model_path: str, kind: str = "plain") -> dict:
@@ -177,8 +192,8 @@ def engine_command(spec: EngineSpec, model_path: str, port: int, api_key: str):
     """The one command builder's NodeCommand (rollout.engines.command, device profile cuda)."""
     from rollout.engines import command as cmd
 
-    return cmd.build(spec.name, engine_fields(model_path, spec.kind), device="cuda", port=port, api_key=api_key,
-                     env={**ENGINE_ENV, **spec.env})
+    return cmd.build(spec.name, {**engine_fields(model_path, spec.kind), **spec.fields}, device="cuda", port=port,
+                     api_key=api_key, env={**ENGINE_ENV, **spec.env})
 
 
 def resolved(argv: list) -> dict:
@@ -197,7 +212,9 @@ def resolved(argv: list) -> dict:
             "overlap_schedule": not sa.disable_overlap_schedule, "decode_graph": g.decode.backend,
             "decode_bs": list(g.decode.bs), "prefill_graph": g.prefill.backend,
             "routed_experts": sa.enable_return_routed_experts, "sampling_backend": sa.sampling_backend,
-            "speculative": sa.speculative_algorithm, "draft_model": sa.speculative_draft_model_path}
+            "speculative": sa.speculative_algorithm, "draft_model": sa.speculative_draft_model_path,
+            "max_total_tokens": sa.max_total_tokens, "max_running_requests": sa.max_running_requests,
+            "schedule_conservativeness": sa.schedule_conservativeness}
 
 
 def main(argv: list) -> int:
