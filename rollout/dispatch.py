@@ -3,8 +3,9 @@
 Bounded concurrency per engine (`capacity` requests in flight), least-outstanding routing, one
 POST /generate per sample asking for logprobs and (optionally) routed experts. When an engine is
 removed (dead), its in-flight attempts are cancelled and the samples are re-sent to another engine
-from scratch; a sample yields exactly one result however many attempts it took. 5xx answers and
-connection errors are re-sent after a bounded exponential backoff. With routed experts on, an
+from scratch; a sample yields exactly one result however many attempts it took. 5xx answers, connection
+errors and malformed answers (read by `engines.answer` only) are re-sent after a bounded backoff; a sample fails
+after `max_attempts` failed tries in a row (any good answer, a normal abort too, resets the count). With routed experts on, an
 abort that brings no `routed_experts` (SGLang aborts a request still queued when the batch fills
 that way, see tests/facts/) keeps none of that attempt's tokens: the sample stays `aborted` as it was
 before the attempt and is resumed later, so every kept token has its routing row. Every answer's
@@ -24,6 +25,7 @@ import itertools
 import time
 from typing import Optional
 
+from rollout.engines.answer import Answer, BadAnswer, parse
 from rollout.engines.client import EngineClient
 from rollout.engines.readiness import dp_ranks as dp_ranks_of
 from rollout.errors import (DispatcherClosed, EngineError, EngineLost, EngineRejected, EngineUnreachable, one_line,
@@ -36,9 +38,8 @@ from rollout.types import FINISH_STATUS, Sample, SampleStatus
 class _Slot:
     def __init__(self, engine, capacity):
         self.engine, self.capacity = engine, capacity
-        self.outstanding = 0
-        self.served = 0
-        self.suspect_until = 0.0                      # after a connection error: avoid for a moment
+        self.outstanding = self.served = 0            # attempts in flight, answered
+        self.suspect_until = 0.0                      # after a connection error or a malformed answer: avoid a moment
         self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
         self.lost: set = set()                        # rids cancelled by remove()
         self.version: Optional[str] = None            # weight version the engine reported last
@@ -256,7 +257,7 @@ class Dispatcher:
         return body
 
     async def run(self, sample: Sample, sampling: Optional[dict] = None) -> Sample:
-        """Generate (or continue) one sample; retries on lost engines and 5xx; never raises for an engine fault.
+        """Generate (or continue) one sample; retries (see the module doc); never raises for an engine fault.
         A sample with no budget left is TRUNCATED without a request. `sampling`: see `payload`."""
         sample.t_submit = sample.t_submit or time.monotonic()
         if self.budget_left(sample) <= 0:
@@ -269,9 +270,9 @@ class Dispatcher:
         while True:
             if self.draining:
                 break
-            if sample.attempts >= self.max_attempts:
+            if sample.failures >= self.max_attempts:
                 sample.status = SampleStatus.FAILED
-                sample.error = f"gave up after {sample.attempts} attempts ({sample.error})"
+                sample.error = f"gave up after {sample.failures} failed attempts in a row ({sample.error})"
                 break
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
@@ -292,7 +293,8 @@ class Dispatcher:
             try:
                 body = self.payload(sample, rid, sampling, slot.compact)
                 if self.placement is None or await self._placed(sample, slot, body):
-                    out = await self.client.generate(slot.engine, body, timeout_s=self.request_timeout_s)
+                    out = parse(slot.engine.name, await self.client.generate(slot.engine, body,
+                                                                             timeout_s=self.request_timeout_s))
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -309,6 +311,7 @@ class Dispatcher:
                 sample.attempts -= 1
                 break
             sample.engines.append(slot.engine.name)
+            sample.failures = 0 if isinstance(out, Answer) else sample.failures + 1
             if isinstance(out, (EngineLost, EngineUnreachable)):   # re-send elsewhere
                 sample.error = short_error(out.cause if isinstance(out, EngineUnreachable) else out)
                 self.resent += 1
@@ -318,18 +321,18 @@ class Dispatcher:
                     if self.on_error:
                         await self.on_error(slot.engine)
                 continue
-            if isinstance(out, EngineRejected):
-                sample.error = f"HTTP {out.status} from {slot.engine.name}: {one_line(out.body)}"
-                if out.transient:   # 5xx: re-sent after the backoff
+            if isinstance(out, (EngineRejected, BadAnswer)):
+                sample.error = one_line(out)     # "HTTP 503 on /generate from e: ...", "malformed answer from e: ..."
+                if isinstance(out, BadAnswer):   # sent elsewhere first (as after a connection error)
+                    slot.suspect_until = time.monotonic() + 1.0
+                if out.transient:   # 5xx, a malformed answer: re-sent after the backoff
                     self.resent += 1
                     retries += 1
                     continue
                 sample.status = SampleStatus.FAILED
                 break
-            body = out
-            self._apply(sample, body)
-            version = body.get("meta_info", {}).get("weight_version")
-            slot.version = slot.version if version is None else str(version)
+            self._apply(sample, out)
+            slot.version = out.weight_version or slot.version
             break
         sample.t_done = time.monotonic()
         return sample
@@ -350,37 +353,33 @@ class Dispatcher:
                       "rid": f"{sample.group_id}@{key[1]}#{next(self._rid)}"}
             if rank is not None:
                 primer["routed_dp_rank"] = rank
-            out = await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s)
-            return out.get("meta_info", {})
+            a = parse(slot.engine.name, await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s))
+            return {"prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens}
         await self.placement.primed_once(sample, key, prime)
         return not self.draining
 
     def _unplace(self, sample: Sample, out) -> None:
         if self.placement is not None:
-            meta = out.get("meta_info", {}) if isinstance(out, dict) else {}
-            self.placement.done(sample, int(meta.get("prompt_tokens", 0)) + int(meta.get("completion_tokens", 0)))
+            self.placement.done(sample, out.prompt_tokens + out.completion_tokens if isinstance(out, Answer) else 0)
 
-    def _apply(self, sample: Sample, out: dict) -> None:
-        meta = out.get("meta_info", {})
+    def _apply(self, sample: Sample, out: Answer) -> None:
         before = len(sample.response_ids)
-        self._take_answer(sample, meta)
+        self._take_answer(sample, out)
         if self.keep_answers:
-            kept = {k: v for k, v in meta.items() if k != "routed_experts"}
-            sample.outputs.append((len(sample.response_ids) - before, out.get("text", ""), kept))
+            sample.outputs.append((len(sample.response_ids) - before, out.text, out.kept()))
 
-    def _take_answer(self, sample: Sample, meta: dict) -> None:
-        finish = (meta.get("finish_reason") or {}).get("type")
+    def _take_answer(self, sample: Sample, out: Answer) -> None:
+        meta, finish = out.meta, out.finish
         if self.routed_experts and finish == "abort" and meta.get("routed_experts") is None:
             # aborted before it ran (queued when the batch filled): nothing to keep, resume later
             self.unrouted_aborts += 1
             sample.status, sample.error = SampleStatus.ABORTED, None
             return
-        pairs = meta.get("output_token_logprobs") or []
         start_len = continuation_start(sample.routed_experts, len(sample.tokens))
-        sample.response_ids = list(sample.response_ids) + [int(p[1]) for p in pairs]
-        sample.logprobs = list(sample.logprobs) + [float(p[0]) for p in pairs]
-        if meta.get("weight_version") is not None:
-            sample.weight_versions.append(str(meta["weight_version"]))
+        sample.response_ids = list(sample.response_ids) + out.token_ids
+        sample.logprobs = list(sample.logprobs) + out.logprobs
+        if out.weight_version is not None:
+            sample.weight_versions.append(out.weight_version)
         sample.status = FINISH_STATUS.get(finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:

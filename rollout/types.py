@@ -65,6 +65,7 @@ class Sample:
     engines: list = field(default_factory=list)   # engine of every attempt, in order
     dp_rank: Optional[int] = None  # DP rank of the last placed attempt (group placement)
     attempts: int = 0
+    failures: int = 0              # failed attempts in a row (reset by any answer)
     resumes: int = 0               # partial-rollout continuations
     max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens
     weight_versions: list = field(default_factory=list)
