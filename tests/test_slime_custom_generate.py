@@ -91,3 +91,93 @@ def test_custom_generate_function_runs_for_every_sample_and_turn_on_one_worker(t
     assert sum(len(w.requests) for w in two_workers.ws) == 8   # 2 groups x 2 samples x 2 turns
     assert all(len(v) == 1 for v in seen.values()), seen
     assert out.metrics["rollout/custom_generate_requests"] == 8
+
+
+def _decode_routes(meta, rows):
+    import base64
+    import numpy as np
+    return np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype=np.int32).reshape(rows, 3, 4)
+
+
+TURN_ROUTES = []
+
+
+async def two_turns_r3(args, sample, sampling_params):
+    """Two turns asking for routed experts; returns the sample and a copy (slime's `list[Sample]` fan-out),
+    rewarded here (slime then computes no reward)."""
+    from test_slime_adapter import routes
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    ids = list(sample.tokens)
+    for turn in range(2):
+        out = await post(url, {"input_ids": ids, "sampling_params": dict(sampling_params, max_new_tokens=2),
+                               "return_logprob": True, "return_routed_experts": True})
+        ids += [p[1] for p in out["meta_info"]["output_token_logprobs"]]
+        got = _decode_routes(out["meta_info"], len(ids) - 1)   # SGLang's wire: every row of the sequence
+        TURN_ROUTES.append(bool((got == routes(ids, 0)).all()) and out["meta_info"]["routed_experts_start_len"] == 0)
+        ids += OBSERVATION if turn == 0 else []
+    sample.tokens, sample.response_length, sample.reward = ids, len(ids) - len(sample.tokens), 1.0
+    sample.status = Sample.Status.COMPLETED
+    twin = Sample(group_index=sample.group_index, index=sample.index, tokens=list(ids), reward=0.5,
+                  status=Sample.Status.COMPLETED)
+    return [sample, twin]
+
+
+async def batch_reward(args, samples):
+    """--custom-rm-path for `list[Sample]` results: slime's batched_async_rm calls it with the list (also empty)."""
+    return [float(s.response_length) for s in samples]
+
+
+def test_every_turn_gets_its_routed_experts_and_fan_out_is_kept(two_workers):
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    TURN_ROUTES.clear()
+    args = _args(two_workers.port, custom_generate_function_path=f"{__name__}.two_turns_r3", rollout_batch_size=1,
+                 custom_rm_path=f"{__name__}.batch_reward")
+    out = slime_adapter.generate_rollout(args, 1, StandInDataSource([[1, 2, 3]], 2))
+    assert TURN_ROUTES == [True] * 4, TURN_ROUTES   # 2 samples x 2 turns, each with all its rows
+    assert len(out.samples) == 1 and [[x.reward for x in s] for s in out.samples[0]] == [[1.0, 0.5]] * 2
+    workers = [i for i, w in enumerate(two_workers.ws) if w.requests]
+    assert len(workers) == 1 and len(two_workers.ws[workers[0]].requests) == 4
+
+
+class _Tok:
+    """A TOY tokenizer (one token per character) standing in for slime's HF tokenizer."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) % 90 + 1 for c in text]
+
+
+TEXTS = []
+
+
+async def text_turns(args, sample, sampling_params):
+    """search-r1's request shape: `text` = prompt + the response so far (SGLang's text + the observation)."""
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    response = ""
+    for turn in range(2):
+        out = await post(url, {"text": sample.prompt + response, "sampling_params": sampling_params,
+                               "return_logprob": True})
+        response += out["text"] + ("<obs>" if turn == 0 else "")
+    TEXTS.append(response)
+    sample.response, sample.reward, sample.status = response, 0.0, Sample.Status.COMPLETED
+    return sample
+
+
+def test_text_requests_are_tokenized_and_kept_on_their_group_worker(two_workers):
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(_Tok())
+    TEXTS.clear()
+    args = _args(two_workers.port, custom_generate_function_path=f"{__name__}.text_turns", rollout_batch_size=2,
+                 use_rollout_routing_replay=False)
+    ds = StandInDataSource([[], []], 2)
+    ds.get_samples = lambda k, get=ds.get_samples: [[Sample(group_index=g[0].group_index, index=s.index,
+                                                            prompt=f"question {g[0].group_index}?") for s in g]
+                                                    for g in get(k)]
+    out = slime_adapter.generate_rollout(args, 1, ds)
+    assert len(TEXTS) == 4 and len(out.samples) == 2
+    assert sum(len(w.requests) for w in two_workers.ws) == 8
+    for gi in (0, 1):
+        ids = _Tok().encode(f"question {gi}?")
+        on = {i for i, w in enumerate(two_workers.ws) for r in w.requests if r["input_ids"][:len(ids)] == ids}
+        assert len(on) == 1, (gi, on)
+    assert out.metrics["rollout/custom_generate_requests"] == 8

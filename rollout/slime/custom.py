@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -159,6 +160,8 @@ def custom_path(args, sample) -> Optional[str]:
 
 
 async def _call(args, fn, sample, sampling_params):
+    if sample.status in (sample.Status.COMPLETED, sample.Status.TRUNCATED):   # slime: already finished
+        return sample
     if "evaluation" in inspect.signature(fn).parameters:
         return await fn(args, sample, sampling_params, evaluation=False)
     return await fn(args, sample, sampling_params)
@@ -175,6 +178,9 @@ async def run_groups(args, front: Front, groups: list, load) -> list:
     try:
         async def one_group(group):
             tasks = []
+            for s in group:
+                if getattr(s, "session_id", "") is None:   # slime: one session id per sample
+                    s.session_id = str(uuid.uuid4())
             for i, s in enumerate(group):
                 sp = dict(base)
                 if seeds:
