@@ -177,3 +177,47 @@ def test_failed_groups_are_dropped_and_counted_when_asked(monkeypatch):
     finally:
         slime_adapter.reset()
         router.stop()
+
+
+def test_disable_rollout_global_dataset_with_the_default_source_is_refused(router):
+    """slime's generate_rollout asserts rollout_global_dataset; before, plugin mode sent empty prompts."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_global_dataset=False,
+                 data_source_path="slime.rollout.data_source.RolloutDataSourceWithBuffer")
+    with pytest.raises(ValueError, match="--disable-rollout-global-dataset with slime's default data source"):
+        slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
+    assert router.worker.requests == []
+
+
+def test_multimodal_prompts_are_refused_in_one_line(router):
+    """slime sends a sample's images as image_data; plugin mode sends tokens only, so it refuses (before, the
+    images were dropped without a word)."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    src = StandInDataSource([[1, 2]], 2)
+    got = src.get_samples
+
+    def with_images(k):
+        out = got(k)
+        for g in out:
+            for s in g:
+                s.multimodal_inputs = {"images": ["img"]}
+        return out
+    src.get_samples = with_images
+    with pytest.raises(ValueError, match="sample index 0 has multimodal inputs \\(images\\)"):
+        slime_adapter.generate_rollout(_args(router.port, rollout_batch_size=1), 0, src)
+    assert router.worker.requests == []
+
+
+def test_router_flags_that_cannot_apply_print_one_warning_at_attach(router, capsys):
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_batch_size=1, router_policy="round_robin",
+                 sglang_router_request_timeout_secs=60)
+    slime_adapter.generate_rollout(args, 0, StandInDataSource([[1, 2]], 2))
+    lines = [x for x in capsys.readouterr().err.splitlines() if "do(es) not apply in plugin mode" in x]
+    assert len(lines) == 1
+    assert "--router-policy round_robin" in lines[0] and "--sglang-router-request-timeout-secs 60" in lines[0]
+    slime_adapter.generate_rollout(args, 1, StandInDataSource([[3, 4]], 2))   # attached once: no second line
+    assert "do(es) not apply" not in capsys.readouterr().err

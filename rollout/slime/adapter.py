@@ -293,9 +293,10 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     if evaluation:
         return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
-    if getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate"):
+    if False:
         from rollout.slime import custom   # the user's function per sample, its requests through the manager
         return custom.generate_rollout(args, data_source)
+    _refuse(args)
     backend, tokenizer = _ensure(args)
     n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
     if backend.n_samples != n:
@@ -314,12 +315,34 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
                 break
             new_groups += got
         sink.started = len(sink.groups) + carried + len(new_groups)
+        _refuse_multimodal(new_groups)
         groups = [backend.new_group(_prompt_ids(g[0], tokenizer)) for g in new_groups]
         pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, new_groups))
         results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups))))
         if not new_groups and not carried:
             break
     return _output(args, backend, sink, results, data_source)
+
+
+DEFAULT_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
+
+
+def _refuse(args) -> None:
+    """What slime's generate_rollout asserts, as one line."""
+    if not getattr(args, "rollout_global_dataset", True) and \
+            getattr(args, "data_source_path", None) in (None, DEFAULT_SOURCE):
+        raise ValueError("--disable-rollout-global-dataset with slime's default data source gives empty prompts "
+                         "(slime's generate_rollout asserts rollout_global_dataset): give --data-source-path or "
+                         "drop the flag")
+
+
+def _refuse_multimodal(groups) -> None:
+    for g in groups:
+        for s in g:
+            mm = getattr(s, "multimodal_inputs", None) or {}
+            if any(v is not None for v in mm.values()):
+                raise ValueError(f"sample index {s.index} has multimodal inputs ({', '.join(sorted(mm))}): plugin "
+                                 "mode sends tokens only; use slime's own rollout function for multimodal prompts")
 
 
 async def _step(backend, groups, sink, need):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 
 from rollout.types import Endpoint
 
-__all__ = ["Endpoint", "Loop", "RouterWorkers", "attach_workers", "moe_layout", "sampling_from_args"]
+__all__ = ["Endpoint", "Loop", "RouterWorkers", "attach_workers", "moe_layout", "router_flag_warning",
+           "sampling_from_args"]
 
 CONFIG_ENV = "SLIME_MOE_ROLLOUT_CONFIG"   # optional YAML (training_configs schema) for model facts
 EMPTY_WAIT_S = 60.0   # the router registers workers in the background (POST /workers answers 202)
@@ -81,6 +83,21 @@ def router_url(args) -> str:
     return f"http://{ip}:{port}"
 
 
+ROUTER_DEFAULTS = {"router_policy": ("cache_aware", None),   # sglang-router's RouterArgs default
+                   "sglang_router_request_timeout_secs": (14400, None)}   # slime's default
+
+
+def router_flag_warning(args):
+    """One line naming slime's router flags set away from their defaults: plugin mode sends to the workers
+    itself (the router only lists them), so they do not apply. None when there are none."""
+    names = [n for n, defaults in ROUTER_DEFAULTS.items() if getattr(args, n, None) not in defaults]
+    if not names:
+        return None
+    flags = ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}" for n in names)
+    return (f"slime-moe-rollout: warning: {flags} do(es) not apply in plugin mode (requests go to the workers "
+            "directly, placed per group; slime's router only lists them)")
+
+
 async def attach_workers(args):
     """A RolloutManager that sends to the workers registered with slime's router (one slot each).
 
@@ -91,6 +108,9 @@ async def attach_workers(args):
     """
     from rollout.manager import RolloutManager, RolloutOptions, engine_source
 
+    line = router_flag_warning(args)
+    if line:
+        print(line, file=sys.stderr, flush=True)
     layout = moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
     workers = RouterWorkers(router_url(args), getattr(args, "sglang_api_key", None))
     options = RolloutOptions(sampling_from_args(args), int(args.n_samples_per_prompt),
