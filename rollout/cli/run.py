@@ -152,10 +152,9 @@ def _resumed_run(args) -> dict:
 
 async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=None) -> int:
     """Engines up, the groups without a line rolled out, one fsync'd line per finished group, the verdict."""
-    from rollout.cli.console import progress_bar, start_failure, stderr_console
+    from rollout.cli.console import progress_bar, say, start_failure, stderr_console
     from rollout.engines.base import EngineStartError, open_backend
     from rollout.engines.readiness import ReadinessError, RichView
-    from rollout.cli.console import say
     from rollout.errors import EnginesLost
     from rollout.group_log import WriteError
     from rollout.manager import RolloutManager, group_record
@@ -177,6 +176,13 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     result, lost = None, None
     stopped = _stop_on_signals(asyncio.current_task())
     resume_hint = f"continue with: slime-moe-rollout run --resume {args.output}"
+    ended = None   # (line, exit status) of a run that stopped early
+
+    async def write(group):  # the trainer side: one fsync'd line per group, as it finishes
+        await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
+        tally.add(group)
+        progress.advance(bar)
+
     with progress:
         try:
             try:
@@ -186,29 +192,21 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
                 return start_failure(console, e)
             t_ready = time.monotonic() - t0
             bar = progress.add_task("rollout groups", total=n, completed=n - len(todo))
-
-            async def write(group):  # the trainer side: one fsync'd line per group, as it finishes
-                await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
-                tally.add(group)
-                progress.advance(bar)
-
-            try:
-                result = await pump(mgr.rollout(todo, stream, batch_size=len(todo)), stream, write)
-            except EnginesLost as e:
-                lost = e
+            result = await pump(mgr.rollout(todo, stream, batch_size=len(todo)), stream, write)
+        except EnginesLost as e:
+            lost = e
         except WriteError as e:
-            progress.stop()
-            say(console, f"error: {e}; once that is fixed, {resume_hint}")
-            return 1
+            ended = f"error: {e}; once that is fixed, {resume_hint}", 1
         except asyncio.CancelledError:
             if not stopped:
                 raise
-            progress.stop()
-            say(console, f"stopped by {signal.Signals(stopped[0]).name}: {len(done) + log.lines} of {n} group(s) "
-                         f"in {args.output}, engines stopped; {resume_hint}")
-            return 128 + stopped[0]
+            ended = (f"stopped by {signal.Signals(stopped[0]).name}: {len(done) + log.lines} of {n} group(s) in "
+                     f"{args.output}, engines stopped; {resume_hint}", 128 + stopped[0])
         finally:
             await mgr.stop()
+    if ended:
+        say(console, ended[0])
+        return ended[1]
     return tally.verdict(console, mgr, result, lost, meta, len(done) + log.lines, args, t_ready,
                          time.monotonic() - t0)
 
@@ -278,6 +276,7 @@ class Tally:
 
         t = Table(title=f"rollout summary (run {run_id})", show_header=False)
         why = "; ".join(f"{r} (x{k})" for r, k in sorted(self.reasons.items(), key=lambda kv: -kv[1])[:3])
+        restart_failures = sum(getattr(mgr.source, "restart_failures", {}).values())   # attached: none
         rows = [
             ("groups written", f"{written} / {n} ({result.delivered} in this run)"),
             ("samples", f"{self.samples} ({self.failed} failed{': ' + why if why else ''})"),
@@ -288,7 +287,7 @@ class Tally:
             ("re-sent requests", f"{result.resent} (+{result.unrouted_aborts} queued aborts resumed)"),
             ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(self.per_engine.items())) or "-"),
             ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
-                                         f" ({sum(getattr(mgr.source, 'restart_failures', {}).values())} failed restarts)"),
+                                         f" ({restart_failures} failed restarts)"),
             ("total time", f"{wall:.1f} s"),
             ("output", output),
         ]
