@@ -65,9 +65,23 @@ def test_forty_segment_sample_completes_and_failures_in_a_row_still_fail():
             done = calls["n"] // 2 == 40
             return 200, answer([7], {"type": "length", "length": 1} if done else ABORTED)
         server, eng = await _engine("e", segments)
+        left = {"n": 40}
+
+        def plain(body):           # 39 aborted segments of 1 token (batch full, pause), then length
+            left["n"] -= 1
+            return 200, answer([7], {"type": "length", "length": 1} if left["n"] == 0 else ABORTED)
+        plain_srv, plain_eng = await _engine("plain", plain)
         down, eng2 = await _engine("down", lambda body: (503, {"error": "busy"}))
         try:
             async with EngineClient() as session:
+                d = Dispatcher(session, {"max_new_tokens": 40}, capacity=1)     # the default max_attempts
+                await d.admit(plain_eng)
+                s = Sample("p/0", "p", 0, [1, 2])
+                for _ in range(40):
+                    await d.run(s)
+                    if s.status != "aborted":
+                        break
+                assert (s.status, s.error, len(s.response_ids), s.attempts) == ("truncated", None, 40, 40), s.error
                 d = Dispatcher(session, {"max_new_tokens": 40}, capacity=1, max_attempts=2, backoff_s=0.0)
                 await d.admit(eng)
                 s = Sample("g/0", "g", 0, [1, 2])
@@ -82,8 +96,8 @@ def test_forty_segment_sample_completes_and_failures_in_a_row_still_fail():
                 assert f.status == "failed" and f.attempts == 3, f
                 assert f.error.startswith("gave up after 3 failed attempts in a row (HTTP 503 on /generate from down"), f.error
         finally:
-            await server.cleanup()
-            await down.cleanup()
+            for srv in (server, down, plain_srv):
+                await srv.cleanup()
     asyncio.run(main())
 
 
