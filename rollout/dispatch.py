@@ -3,9 +3,9 @@
 Bounded concurrency per engine (`capacity` requests in flight), least-outstanding routing, one
 POST /generate per sample asking for logprobs and (optionally) routed experts. When an engine is
 removed (dead), its in-flight attempts are cancelled and the samples are re-sent to another engine
-from scratch; a sample yields exactly one result however many attempts it took. 5xx answers, connection
-errors and malformed answers (read by `engines.answer` only) are re-sent after a bounded backoff; a sample fails
-after `max_attempts` failed tries in a row (any good answer, a normal abort too, resets the count). With routed experts on, an
+from scratch; a sample yields exactly one result however many attempts it took. 5xx answers, connection errors
+and malformed answers (read by `engines.answer` only) are re-sent after a bounded backoff; a sample fails after
+`max_attempts` failed tries in a row (any answer, a normal abort too, resets the count). With routed experts on, an
 abort that brings no `routed_experts` (SGLang aborts a request still queued when the batch fills
 that way, see tests/facts/) keeps none of that attempt's tokens: the sample stays `aborted` as it was
 before the attempt and is resumed later, so every kept token has its routing row. Every answer's
@@ -332,7 +332,7 @@ class Dispatcher:
                 sample.status = SampleStatus.FAILED
                 break
             self._apply(sample, out)
-            slot.version = out.weight_version or slot.version
+            slot.version = slot.version if out.weight_version is None else out.weight_version
             break
         sample.t_done = time.monotonic()
         return sample
@@ -353,7 +353,8 @@ class Dispatcher:
                       "rid": f"{sample.group_id}@{key[1]}#{next(self._rid)}"}
             if rank is not None:
                 primer["routed_dp_rank"] = rank
-            a = parse(slot.engine.name, await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s))
+            out = await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s)
+            a = parse(slot.engine.name, out)
             return {"prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens}
         await self.placement.primed_once(sample, key, prime)
         return not self.draining
@@ -369,8 +370,7 @@ class Dispatcher:
             sample.outputs.append((len(sample.response_ids) - before, out.text, out.kept()))
 
     def _take_answer(self, sample: Sample, out: Answer) -> None:
-        meta, finish = out.meta, out.finish
-        if self.routed_experts and finish == "abort" and meta.get("routed_experts") is None:
+        if self.routed_experts and out.finish == "abort" and out.meta.get("routed_experts") is None:
             # aborted before it ran (queued when the batch filled): nothing to keep, resume later
             self.unrouted_aborts += 1
             sample.status, sample.error = SampleStatus.ABORTED, None
@@ -380,10 +380,10 @@ class Dispatcher:
         sample.logprobs = list(sample.logprobs) + out.logprobs
         if out.weight_version is not None:
             sample.weight_versions.append(out.weight_version)
-        sample.status = FINISH_STATUS.get(finish, SampleStatus.COMPLETED)
+        sample.status = FINISH_STATUS.get(out.finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:
-            arr, reason = sample_routed_experts(meta, len(sample.tokens), self.layout, held=sample.routed_experts,
+            arr, reason = sample_routed_experts(out.meta, len(sample.tokens), self.layout, held=sample.routed_experts,
                                                 start_len=start_len, sent_version=sample.sent_version)
             if reason:
                 sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"

@@ -94,7 +94,8 @@ def test_forty_segment_sample_completes_and_failures_in_a_row_still_fail():
                 await d2.admit(eng2)
                 f = await d2.run(Sample("h/0", "h", 0, [1, 2]))
                 assert f.status == "failed" and f.attempts == 3, f
-                assert f.error.startswith("gave up after 3 failed attempts in a row (HTTP 503 on /generate from down"), f.error
+                want = "gave up after 3 failed attempts in a row (HTTP 503 on /generate from down"
+                assert f.error.startswith(want), f.error
         finally:
             for srv in (server, down, plain_srv):
                 await srv.cleanup()
