@@ -135,9 +135,15 @@ class StandInDataSource:
 
     def __init__(self, prompts, n):
         self.prompts, self.n, self.i, self.k = list(prompts), n, 0, 0
+        self.buffer = []   # slime's RolloutDataSourceWithBuffer: add_samples appends, get_samples pops first
+
+    def add_samples(self, groups):
+        assert isinstance(groups, list) and all(isinstance(g, list) and len(g) == self.n for g in groups)
+        self.buffer += groups
 
     def get_samples(self, k):
-        out = []
+        out, self.buffer = self.buffer[:k], self.buffer[k:]
+        k -= len(out)
         for _ in range(min(k, len(self.prompts) - self.i)):
             p = self.prompts[self.i]
             out.append([Sample(group_index=self.i, index=self.k + j, prompt="", tokens=list(p))
@@ -351,10 +357,13 @@ def test_straggler_is_aborted_and_returned_next_step(router):
     first = slime_adapter.generate_rollout(args, 0, src)
     assert len(first.samples) == 2 and first.metrics["rollout/carried"] == 1
     assert all(g[0].tokens[0] != HANG for g in first.samples)
-    args.over_sampling_batch_size = 2   # carried straggler + one fetch of 2 (slime fetches whole chunks)
+    # slime's partial rollout: the straggler went back through data_source.add_samples, its tokens so far kept
+    assert first.metrics["rollout/recycled_groups"] == 1 and len(src.buffer) == 1
+    assert all(s.metadata["start_rollout_id"] == 0 and s.response_length == 1 for s in src.buffer[0])
+    args.over_sampling_batch_size = 2   # one fetch of 2: the buffered straggler first, then one new prompt
     second = slime_adapter.generate_rollout(args, 1, src)
     got = {g[0].tokens[0] for g in second.samples}
-    assert HANG in got and len(second.samples) == 2 and src.i == 5
+    assert HANG in got and len(second.samples) == 2 and src.i == 4 and src.buffer == []
     hang = [g for g in second.samples if g[0].tokens[0] == HANG][0]
     for s in hang:   # continued from its partial response: routed experts merged across the two requests
         _check_sample(s, [HANG, 3])

@@ -221,3 +221,39 @@ def test_router_flags_that_cannot_apply_print_one_warning_at_attach(router, caps
     assert "--router-policy round_robin" in lines[0] and "--sglang-router-request-timeout-secs 60" in lines[0]
     slime_adapter.generate_rollout(args, 1, StandInDataSource([[3, 4]], 2))   # attached once: no second line
     assert "do(es) not apply" not in capsys.readouterr().err
+
+
+def pick_last(args, rollout_id, buffer, num_samples):
+    """A --buffer-filter-path function (slime's signature): the newest groups first."""
+    PICKED.append(len(buffer))
+    out = buffer[-num_samples:]
+    del buffer[-num_samples:]
+    return out
+
+
+PICKED = []
+
+
+def test_recycled_groups_go_through_slimes_buffer_and_its_filter(router):
+    """Unfinished groups go back through data_source.add_samples, so slime's buffer filter picks them.
+    Before the fix they stayed inside the manager: add_samples was never called, the filter never ran."""
+    PICKED.clear()
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_batch_size=2, over_sampling_batch_size=3,
+                 buffer_filter_path=f"{__name__}.pick_last")
+
+    class Buffered(StandInDataSource):   # slime's RolloutDataSourceWithBuffer, with --buffer-filter-path
+        def get_samples(self, k):
+            out = pick_last(args, None, self.buffer, k) if self.buffer else []
+            rest, self.buffer, saved = k - len(out), [], self.buffer
+            out += StandInDataSource.get_samples(self, rest) if rest else []
+            self.buffer = saved
+            return out
+
+    src = Buffered([[1, 2], [HANG, 3], [4, 5], [6, 7], [8, 9]], 2)
+    slime_adapter.generate_rollout(args, 0, src)
+    assert len(src.buffer) == 1 and src.buffer[0][0].metadata["start_rollout_id"] == 0
+    args.over_sampling_batch_size = 2
+    second = slime_adapter.generate_rollout(args, 1, src)
+    assert PICKED == [1] and HANG in {g[0].tokens[0] for g in second.samples}

@@ -144,11 +144,12 @@ def _prompt_ids(sample, tokenizer) -> list:
     return list(tokenizer.encode(sample.prompt, add_special_tokens=False))
 
 
-def fill_sample(args, dst: Sample, src: ManagerSample, layout=None, off_policy: int = 0) -> Sample:
+def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
     """Replay the manager sample's SGLang answers into slime's `Sample` through slime's own
     `append_response_tokens`, then set `rollout_routed_experts` (already merged) in slime's shape.
-    `off_policy`: response tokens generated in earlier steps; with `--partial-rollout` and
-    `--mask-offpolicy-in-partial-rollout` their loss mask is 0, as slime sets it before continuing."""
+    The response `dst` already holds (a sample back from slime's buffer) is off-policy: with
+    `--partial-rollout` and `--mask-offpolicy-in-partial-rollout` its loss mask is 0, as slime sets it."""
+    off_policy = dst.response_length
     if not dst.tokens:
         dst.tokens = list(src.prompt_ids)
     pos = len(dst.tokens) - len(src.prompt_ids)          # response tokens slime already holds
@@ -232,9 +233,8 @@ class _Filter:
 class _Sink:
     """Receives finished manager groups, turns them into slime groups, applies slime's per-group steps."""
 
-    def __init__(self, args, pending: dict, layout, target: int, off_policy: Optional[dict] = None):
+    def __init__(self, args, pending: dict, layout, target: int):
         self.args, self.pending, self.layout, self.target = args, pending, layout, target
-        self.off_policy = off_policy if off_policy is not None else {}   # sample id -> earlier steps' tokens
         self.seated = 0    # groups past the seat check, still in their hooks / reward / filter
         self.changed: Optional[asyncio.Condition] = None
         self.failed_groups = 0
@@ -271,7 +271,7 @@ class _Sink:
 
     async def _finish(self, group, slime_group) -> bool:
         for dst, src in zip(slime_group, group.samples):
-            fill_sample(self.args, dst, src, self.layout, self.off_policy.get(src.sample_id, 0))
+            fill_sample(self.args, dst, src, self.layout)
         failed = [(d, s) for d, s in zip(slime_group, group.samples) if s.status is SampleStatus.FAILED]
         if failed:
             if not _drop_failed(self.args):
@@ -293,7 +293,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     if evaluation:
         return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
-    if False:
+    if getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate"):
         from rollout.slime import custom   # the user's function per sample, its requests through the manager
         return custom.generate_rollout(args, data_source)
     _refuse(args)
@@ -303,8 +303,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
         raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
     pending = _STATE.pending
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
-    off_policy = {s.sample_id: len(s.response_ids) for g in backend.carried for s in g.samples}
-    sink = _Sink(args, pending, backend.layout, want, off_policy)
+    sink = _Sink(args, pending, backend.layout, want)
     results = []
     while len(sink.groups) < want:
         carried = len(backend.carried)
@@ -316,12 +315,53 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
             new_groups += got
         sink.started = len(sink.groups) + carried + len(new_groups)
         _refuse_multimodal(new_groups)
-        groups = [backend.new_group(_prompt_ids(g[0], tokenizer)) for g in new_groups]
+        groups = [_manager_group(backend, g, tokenizer) for g in new_groups]
         pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, new_groups))
         results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups))))
         if not new_groups and not carried:
             break
-    return _output(args, backend, sink, results, data_source)
+    recycled = _recycle(args, backend, rollout_id, data_source)
+    out = _output(args, backend, sink, results, data_source)
+    out.metrics["rollout/recycled_groups"] = recycled
+    return out
+
+
+def _manager_group(backend, slime_group: list, tokenizer):
+    """A manager group for a slime group; a group back from slime's buffer (partial rollout) keeps each
+    sample's response so far (tokens, logprobs, routed experts, status) and is continued from there."""
+    first = slime_group[0]
+    ids = _prompt_ids(first, tokenizer)
+    group = backend.new_group(ids[:len(ids) - first.response_length] if first.tokens else ids)
+    for ms, s in zip(group.samples, slime_group):
+        r = s.response_length
+        if not r:
+            continue
+        tokens = list(s.tokens)
+        ms.prompt_ids, ms.response_ids = tokens[:-r], tokens[-r:]
+        ms.logprobs = list(s.rollout_log_probs) if s.rollout_log_probs else [0.0] * r
+        ms.status = getattr(SampleStatus, s.status.name, SampleStatus.PENDING)
+        if backend.layout is not None and s.rollout_routed_experts is not None and len(tokens) > 1:
+            held = slime_compact.to_slime(s.rollout_routed_experts, backend.layout)
+            ms.routed_experts = decode_compact(held, backend.layout, len(held) + 1)
+    return group
+
+
+def _recycle(args, backend, rollout_id, data_source) -> int:
+    """slime's partial rollout: the step's unfinished groups, with their tokens so far, go back through
+    `data_source.add_samples` (slime's buffer: `--buffer-filter-path` picks them next), `start_rollout_id` set
+    on samples with a response. Without `--partial-rollout` the manager keeps the prompts (run again)."""
+    if not getattr(args, "partial_rollout", False) or not backend.carried or not hasattr(data_source, "add_samples"):
+        return 0   # a data source without slime's add_samples (not slime's): the manager keeps them, run first
+    groups = []
+    for g in backend.drop_carried():
+        slime_group = _STATE.pending.pop(g.group_id)
+        for dst, src in zip(slime_group, g.samples):
+            fill_sample(args, dst, src, backend.layout)
+            if dst.response and "start_rollout_id" not in (dst.metadata or {}):
+                dst.metadata = dict(dst.metadata or {}, start_rollout_id=rollout_id)
+        groups.append(slime_group)
+    data_source.add_samples(groups)
+    return len(groups)
 
 
 DEFAULT_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"
