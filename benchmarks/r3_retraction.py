@@ -10,11 +10,14 @@ update (the tokens sampled before the retraction and after the re-prefill).
 
 Judged (benchmarks/targets.toml):
 - refused_with_fix: samples the manager refused (the engine states its retraction rule in meta_info); target 0.
-  Printed beside it: the samples today's client refuses on the same answers (`retraction_reason` without the
-  engine's statement), and the mean response length of those vs the rest (the length bias of dropping them).
+- refused_without_stamp: the control, the samples the client refuses on the same answers without the engine's
+  statement (`retraction_reason` as on an engine without the fix); it must refuse (>= 1), else the rollout
+  spanned no update and refused_with_fix proves nothing. Printed beside it: the mean response length of those
+  vs the rest (the length bias of dropping them).
 - k3_kl_retracted: k3 KL of `r3 check`'s replay (transformers' forward with the captured rows) on the
-  retracted samples / on the unretracted ones; target <= 1.5. Printed beside it: the same ratio from a second
-  engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and updates.
+  retracted samples / on the unretracted ones, target <= 1.1; and k3_kl_retracted_disabled, the same ratio from
+  a second engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and
+  updates, which must miss that target (>= 1.1): a run where the two arms do not separate is a MISS.
 """
 import argparse
 import asyncio
@@ -155,6 +158,7 @@ def main() -> int:
     fact(BENCH, f"refused without the fix (today's client on the same answers): {len(today)}; mean response "
                 f"length {length(today):.1f} tokens vs {length(rest):.1f} for the rest")
     judge(BENCH, "refused_with_fix", float(len(refused)))
+    judge(BENCH, "refused_without_stamp", float(len(today)))
     replay_r, replay_u, ret = replay(samples)
     fact(BENCH, f"replay k3 KL retracted {replay_r.k3_kl:.3g} ({replay_r.tokens} tokens, flip rate "
                 f"{replay_r.flip_rate:.2%}), unretracted {replay_u.k3_kl:.3g} ({replay_u.tokens} tokens, "
@@ -168,7 +172,11 @@ def main() -> int:
                       for part, st in _split_at_update(lm, off_ret, meta).items())
     fact(BENCH, f"without retraction-routes (the re-prefill routes as SGLang chooses): k3 KL retracted / "
                 f"unretracted {off_r.k3_kl / off_u.k3_kl:.3f} ({len(off_ret)} retracted samples; {split})")
-    judge(BENCH, "k3_kl_retracted", replay_r.k3_kl / replay_u.k3_kl if replay_u.k3_kl > 0 else float("inf"))
+    ratio = lambda r, u: r.k3_kl / u.k3_kl if u.k3_kl > 0 else float("inf")  # noqa: E731
+    fact(BENCH, f"k3 KL retracted / unretracted, side by side: fixed {ratio(replay_r, replay_u):.3f}, "
+                f"retraction-routes disabled {ratio(off_r, off_u):.3f}")
+    judge(BENCH, "k3_kl_retracted", ratio(replay_r, replay_u))
+    judge(BENCH, "k3_kl_retracted_disabled", ratio(off_r, off_u))
     return finish()
 
 
