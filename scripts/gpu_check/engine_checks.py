@@ -240,19 +240,19 @@ def stream(eng, ids, n):
             "pre": judges.pre_retraction_tokens(chunks), "rule": last["meta_info"].get(RETRACTION_META)}
 
 
-def check_retraction(engines):
+def check_retraction(engines, n_req=plan.RETRACT_REQUESTS, new=plan.RETRACT_NEW):
     """retraction-rows / retraction-routes on CUDA: the small-pool engines (plan.RETRACT_FIELDS) with the fixes
     and with them disabled, side by side, the same concurrent requests; the reference is the plugin engine
     (a pool that holds them all), one request at a time."""
     from rollout.models.tiny import NUM_LAYERS
     from rollout.routed_experts.retraction import retraction_reason
 
-    batch = prompts(plan.RETRACT_REQUESTS, seed=4)
+    batch = prompts(n_req, seed=4)
     arms = ("retract", "retract-off")
     with ThreadPoolExecutor(len(arms) * len(batch)) as ex:
-        futs = {a: [ex.submit(stream, engines[a], ids, plan.RETRACT_NEW) for ids in batch] for a in arms}
+        futs = {a: [ex.submit(stream, engines[a], ids, new) for ids in batch] for a in arms}
         runs = {a: [f.result() for f in fs] for a, fs in futs.items()}
-    ref = [stream(engines["plugin"], ids, plan.RETRACT_NEW) for ids in batch]
+    ref = [stream(engines["plugin"], ids, new) for ids in batch]
     if any(r["pre"] is not None for r in ref):
         raise RuntimeError("the reference engine retracted a request")
     layers = range(1, NUM_LAYERS)  # the MoE layers (layer 0 is dense)

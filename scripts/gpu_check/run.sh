@@ -6,10 +6,11 @@
 #    $SITE, and puts scripts/gpu_check/sitecustomize.py there: every process then serves `sgl_kernel` from
 #    the package's torch substitute and, with GPU_CHECK_KERNELS=torch (default; `jit`: SGLang's own nvcc
 #    JIT kernels), replaces SGLang's JIT kernels by torch ops (scripts/gpu_check/kernel_shim.py).
-# 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py), budget 265 s (at most 290).
+# 2. engine: real SGLang engines on the GPU (scripts/gpu_check/engine_checks.py; the retraction check among
+#    them), budget 265 s (at most 290).
 # 3. basic: the CUDA-stream / megatron / CUDA-branch / kernel-op checks (scripts/gpu_check/checks.py), at most 100 s.
 # One line per check, `gpu-check NAME: PASS|FAIL|SKIP reason`; everything goes to $OUT/gpu_check.log,
-# the engine logs are copied to $OUT/engine-*.log (6 files in all come back). The wheels are fetched on
+# the engine logs are copied to $OUT/engine-*.log (8 files in all come back: the device tool's limit). The wheels are fetched on
 # the CPU machine first: bash scripts/gpu_check/fetch_wheels.sh (see scripts/gpu_check/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
