@@ -28,8 +28,13 @@ not), as SGLang's capturer slices them. So every rank forces the same rows.
 
 Not forced, one log line per process each (the kept rows are still returned, `retraction-rows`): with an
 all-to-all MoE backend (the tokens are split across ranks), a DP gather over the whole world (elastic
-scale-up), routers whose rows do not match the DP gather, and where no router passed the post-processing
-while a plan was set (a CUDA-graphed prefill, a fused router that skips it).
+scale-up: the routers see every rank's rows and no plan is placed in them, this rank's own plan included),
+routers whose rows do not match the DP gather, and where no router passed the post-processing while a plan
+was set (a CUDA-graphed prefill, a fused router that skips it).
+
+The hooks run inside SGLang's scheduler: a failure in their own code (never SGLang's) routes the batch as
+SGLang chooses, with one log line, and never reaches the scheduler. Under DP attention a rank whose plan or
+payload fails still joins the exchange with none (the other ranks would wait forever).
 """
 import logging
 
@@ -122,6 +127,10 @@ def own_slot() -> int:
     return (getattr(dpa, "dp_gather_slot", None) or dpa.get_attention_dp_rank)()
 
 
+def _world_gather() -> bool:
+    return getattr(_dpa(), "world_dp_gather_enabled", lambda: False)()
+
+
 def _exchanges(server_args, batch) -> bool:
     """Whether this step exchanges plans: the same answer on every rank of the TP group."""
     if not (getattr(server_args, "enable_dp_attention", False)
@@ -129,10 +138,27 @@ def _exchanges(server_args, batch) -> bool:
             and batch is not None and getattr(batch, "is_extend_in_batch", False)
             and getattr(server_args, "moe_a2a_backend", None) in (None, "none")):
         return False
-    if getattr(_dpa(), "world_dp_gather_enabled", lambda: False)():
+    if _world_gather():
         _once("world", NOT_FORCED, "the DP gather spans the whole world (elastic scale-up)")
         return False
     return True
+
+
+def step_plans(scheduler, batch):
+    """(this batch's plan, every DP slot's plan) of a scheduler's step, at most one of them set. Under DP attention the
+    routers see the rows gathered from every DP rank, so this rank's batch rows are never a plan there:
+    the step forces only through the exchange, and routes as SGLang chooses where there is none."""
+    server_args = scheduler.server_args
+    if not getattr(server_args, "enable_dp_attention", False):
+        return _batch_plan(server_args, batch), None
+    if _exchanges(server_args, batch):
+        return None, _dp_exchange(scheduler, batch)
+    if batch is not None and getattr(batch, "reqs", None) and any(getattr(r, KEPT, None) for r in batch.reqs):
+        if getattr(server_args, "moe_a2a_backend", None) not in (None, "none"):
+            _once("a2a", NOT_FORCED, "an all-to-all MoE backend splits the tokens across ranks")
+        elif _world_gather():
+            _once("world", NOT_FORCED, "the DP gather spans the whole world (elastic scale-up)")
+    return None, None
 
 
 def narrow(kept):
@@ -153,6 +179,11 @@ def exchange(group, slot, plan):
     import torch
     import torch.distributed as dist
 
+    try:   # this rank's payload before any collective: a failure here joins with no plan
+        payload = None if plan is None else (plan[0].to(torch.int32), narrow(plan[1]))
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed("this rank's plan payload", e)
+        plan = payload = None
     me, flags = dist.get_rank(group), torch.zeros(dist.get_world_size(group), 2, dtype=torch.int64)
     mine, root = torch.tensor([slot, int(plan is not None)]), dist.get_global_rank(group, 0)
     # a gather and a broadcast: on gloo an all-gather is a ring of world - 1 serial hops
@@ -163,7 +194,7 @@ def exchange(group, slot, plan):
         if has:
             senders.setdefault(s, rank)
     for s, src in sorted(senders.items()):
-        box = [(plan[0].to(torch.int32), narrow(plan[1])) if src == me else None]
+        box = [payload if src == me else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, src), group=group)
         plans[s] = plan if src == me else (box[0][0].long(), box[0][1].to(torch.int32))
     return plans or None
@@ -172,8 +203,8 @@ def exchange(group, slot, plan):
 def _dp_exchange(scheduler, batch):
     try:   # a rank that fails here still joins the exchange, or the others would wait forever
         mine = _batch_plan(scheduler.server_args, batch)
-    except Exception:
-        logger.exception("slime-moe-rollout retraction-routes: this rank's plan failed; it routes as SGLang chooses")
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed("this rank's plan", e)
         mine = None
     return exchange(scheduler.tp_cpu_group, own_slot(), mine)
 
@@ -194,14 +225,24 @@ def gathered_plan(plans, counts, slot, rows_seen):
     return (torch.cat([r for r, _ in parts]), torch.cat([k for _, k in parts])) if parts else None
 
 
+FAILED = "slime-moe-rollout retraction-routes: %s failed (%s: %s); this batch routes as SGLang chooses"
+
+
+def _failed(what: str, e: Exception) -> None:
+    """Our own code failed inside SGLang's process: the batch routes as SGLang chooses, one line."""
+    global _plan, _dp_plans
+    _plan = _dp_plans = None
+    logger.warning(FAILED, what, type(e).__name__, e)
+
+
 def plan_on_run_batch(original, self, batch, *args, **kwargs):
     """AROUND Scheduler.run_batch: the batch's plan while it runs (under DP attention every rank's plan)."""
     global _plan, _dp_plans, _used
-    if _exchanges(self.server_args, batch):
-        _plan, _dp_plans = None, _dp_exchange(self, batch)
-    else:
-        _plan, _dp_plans = _batch_plan(self.server_args, batch), None
     _used = False
+    try:
+        _plan, _dp_plans = step_plans(self, batch)
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed("the plan", e)
     try:
         return original(self, batch, *args, **kwargs)
     finally:
@@ -223,18 +264,16 @@ def _placed(router_logits):
     return _plan
 
 
-def force_on_post_process(original, *args, **kwargs):
-    """AROUND topk._post_process_topk_ids: the planned rows take the kept experts."""
+def _forced(kwargs):
+    """kwargs with the planned rows' ids and weights replaced, or None where this layer keeps SGLang's."""
     global _plan, _used
-    if _plan is None and _dp_plans is None:   # every forward without a retracted request's re-prefill
-        return original(*args, **kwargs)
     layer, cfg = kwargs.get("layer_id"), kwargs.get("topk_config")
     if layer is None or cfg is None or not getattr(cfg, "allow_routed_experts_capture", True):
-        return original(*args, **kwargs)
+        return None
     _used = True
     plan = _placed(kwargs["router_logits"])
     if plan is None or layer >= plan[1].shape[1]:
-        return original(*args, **kwargs)
+        return None
     rows, kept = plan
     ids, weights = kwargs["topk_ids"], kwargs["topk_weights"]
     if rows.device != ids.device:   # once per batch, not once per layer
@@ -243,12 +282,23 @@ def force_on_post_process(original, *args, **kwargs):
     new = kept_weights(cfg, kwargs["router_logits"], rows, ids, weights, experts)
     if new is None:
         _once("formula", NOT_FORCED, f"layer {layer}'s router weights are not sigmoid/softmax of its logits")
-        return original(*args, **kwargs)
+        return None
     ids, weights = ids.clone(), weights.clone()
     ids[rows, :experts.shape[1]] = experts
     weights[rows, :experts.shape[1]] = new
-    kwargs["topk_ids"], kwargs["topk_weights"] = ids, weights
-    return original(*args, **kwargs)
+    return {**kwargs, "topk_ids": ids, "topk_weights": weights}
+
+
+def force_on_post_process(original, *args, **kwargs):
+    """AROUND topk._post_process_topk_ids: the planned rows take the kept experts."""
+    if _plan is None and _dp_plans is None:   # every forward without a retracted request's re-prefill
+        return original(*args, **kwargs)
+    try:
+        forced = _forced(kwargs)
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed(f"forcing layer {kwargs.get('layer_id')}", e)
+        forced = None
+    return original(*args, **(forced or kwargs))
 
 
 PLAN = Hook(RUN_BATCH, plan_on_run_batch)

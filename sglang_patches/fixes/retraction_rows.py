@@ -19,6 +19,12 @@ Fix (three surgical wrappers):
 - AFTER the tokenizer manager's `_wait_one_response`: every answer carrying routed experts states the rule
   in ``meta_info[META_KEY]`` (`SAMPLING_TIME`, or `RECOMPUTED` for a request that opted out).
 
+Bounded and guarded (the hooks run inside SGLang's scheduler and tokenizer manager): a request keeps at most
+`PER_REQUEST_ENV` MB of rows and a scheduler process at most `PER_PROCESS_ENV` MB for all its requests (a
+32k-token GLM-4.5 request keeps about 94 MB). A retraction past either cap, or a failure in a hook's own code,
+turns the fix off for that request with one log line: its kept rows are dropped, `OFF` on the Req says why,
+and its rows are SGLang's (recomputed). A failure never reaches SGLang's scheduler.
+
 A request opts out per request with ``sampling_params.custom_params[RULE_KEY] = RECOMPUTED`` (SGLang's
 rows). The request-owned copy dies with the request (aborts included). Under DP attention each rank's
 scheduler reads its own capturer, as `get_topk` does. The compact wire feature compacts after the splice
@@ -26,6 +32,10 @@ scheduler reads its own capturer, as `get_topk` does. The compact wire feature c
 
 Upstream: sglang#39633 (closed unmerged), sglang#24001 (open), miles#3277 (open).
 """
+import logging
+import os
+import weakref
+
 from sglang_patches.registry import Fix, Hook
 
 RELEASE = "sglang.srt.managers.schedule_batch.release_req"
@@ -38,6 +48,14 @@ META_KEY = "routed_experts_retraction"         # meta_info: which rows a retract
 RULE_KEY = "slime_moe_rollout.retraction_rows"  # sampling_params.custom_params: the per-request rule
 SAMPLING_TIME = "sampling-time"
 RECOMPUTED = "recomputed"
+OFF = "_slime_moe_rollout_rows_off"           # on the Req: why its rows are SGLang's (a cap, a failure)
+PER_REQUEST_ENV = "SLIME_MOE_ROLLOUT_KEPT_MB_PER_REQUEST"
+PER_PROCESS_ENV = "SLIME_MOE_ROLLOUT_KEPT_MB_PER_PROCESS"
+CAPS_MB = {PER_REQUEST_ENV: 512.0, PER_PROCESS_ENV: 4096.0}   # defaults
+
+logger = logging.getLogger("slime_moe_rollout")
+_holders = weakref.WeakValueDictionary()   # id -> live request of this process that holds kept rows
+_warned = set()
 
 
 # ---- the rows (pure) ----------------------------------------------------------------------------
@@ -72,13 +90,53 @@ def _rule(custom_params) -> str:
     return SAMPLING_TIME
 
 
+def cap_bytes(env: str) -> int:
+    """A cap in bytes from its environment variable (MB), the default where unset or not a number >= 0."""
+    raw = os.environ.get(env)
+    try:
+        mb = float(raw) if raw else CAPS_MB[env]
+        if not mb >= 0:
+            raise ValueError(raw)
+    except ValueError:
+        if env not in _warned:
+            _warned.add(env)
+            logger.warning("slime-moe-rollout retraction-rows: %s=%r is not a size in MB; using %s", env, raw,
+                           CAPS_MB[env])
+        mb = CAPS_MB[env]
+    return int(mb * (1 << 20))
+
+
+def held_bytes(but=None) -> int:
+    """Bytes of kept rows the live requests of this process hold (`but` excluded)."""
+    kept = (getattr(r, KEPT, None) for r in list(_holders.values()) if r is not but)
+    return sum(k[1].nbytes for k in kept if k is not None)
+
+
+def _off(req, why: str) -> None:
+    """The fix is off for this request: its kept rows dropped, its rows SGLang's; one log line."""
+    if req is not None:
+        setattr(req, KEPT, None)
+        setattr(req, OFF, why)
+        _holders.pop(id(req), None)
+    logger.warning("slime-moe-rollout retraction-rows: request %s: %s; its routed experts are SGLang's "
+                   "(recomputed)", getattr(req, "rid", None), why)
+
+
+def _failed(req, what: str, e: Exception) -> None:
+    _off(req, f"{what} failed ({type(e).__name__}: {e})")
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
 # ---- the hooks ----------------------------------------------------------------------------------
 def _keep_rows(req, req_pool_idx, req_to_token_pool):
     from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
 
     if not getattr(req, "return_routed_experts", False) or req_pool_idx is None or not req.output_ids:
         return  # no token sampled yet (a chunked prefill retracted mid-prompt): nothing to keep
-    if _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
+    if getattr(req, OFF, None) or _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
         return
     capturer = get_global_experts_capturer()
     if capturer is None:
@@ -87,49 +145,76 @@ def _keep_rows(req, req_pool_idx, req_to_token_pool):
     start = min(req.routed_experts_start_len or 0, seqlen - 1)
     rows = capturer.get_topk(req_pool_idx=req_pool_idx, seqlen=seqlen, req_to_token_pool=req_to_token_pool,
                              start_len=start)
-    setattr(req, KEPT, keep(getattr(req, KEPT, None), start, rows))
+    kept = keep(getattr(req, KEPT, None), start, rows)
+    size, per_request, per_process = kept[1].nbytes, cap_bytes(PER_REQUEST_ENV), cap_bytes(PER_PROCESS_ENV)
+    held = held_bytes(but=req)
+    if size > per_request or held + size > per_process:
+        _off(req, f"its kept rows would take {_mb(size)} MB with {_mb(held)} MB held by this process's other "
+                  f"requests (caps: {_mb(per_request)} MB a request, {_mb(per_process)} MB a process)")
+        return
+    setattr(req, KEPT, kept)
+    _holders[id(req)] = req
 
 
 def keep_on_release(original, *args, **kwargs):
     """AROUND release_req (0.5.19+: the request's pool row is `req.kv.req_pool_idx`)."""
-    req = kwargs["req"]
-    kv = getattr(req, "kv", None)
-    _keep_rows(req, getattr(kv, "req_pool_idx", None), kwargs["req_to_token_pool"])
+    try:
+        req = kwargs["req"]
+        _keep_rows(req, getattr(getattr(req, "kv", None), "req_pool_idx", None), kwargs["req_to_token_pool"])
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed(kwargs.get("req"), "keeping its rows", e)
     return original(*args, **kwargs)
 
 
 def keep_on_release_req_idx(original, *args, **kwargs):
     """AROUND release_req (0.5.15.post1-0.5.18: the pool row is `req.req_pool_idx`)."""
-    req = kwargs["req"]
-    _keep_rows(req, getattr(req, "req_pool_idx", None), kwargs["req_to_token_pool"])
+    try:
+        req = kwargs["req"]
+        _keep_rows(req, getattr(req, "req_pool_idx", None), kwargs["req_to_token_pool"])
+    except Exception as e:  # noqa: BLE001 - never let our code stop SGLang's scheduler
+        _failed(kwargs.get("req"), "keeping its rows", e)
     return original(*args, **kwargs)
 
 
 def splice_on_collect(original, self, req, *args, **kwargs):
     """AROUND _maybe_collect_routed_experts: the kept rows over the re-prefill's rows."""
     out = original(self, req, *args, **kwargs)
-    kept = getattr(req, KEPT, None)
-    if kept is not None and getattr(req, "routed_experts", None) is not None:
-        seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)
-        start = min(req.routed_experts_start_len or 0, seqlen - 1)
-        req.routed_experts = splice(req.routed_experts, start, kept)
-        setattr(req, KEPT, None)
+    try:
+        kept = getattr(req, KEPT, None)
+        if kept is not None and getattr(req, "routed_experts", None) is not None:
+            seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)
+            start = min(req.routed_experts_start_len or 0, seqlen - 1)
+            req.routed_experts = splice(req.routed_experts, start, kept)
+            setattr(req, KEPT, None)
+            _holders.pop(id(req), None)
+    except Exception as e:  # noqa: BLE001 - SGLang's rows stay
+        _failed(req, "splicing its kept rows", e)
     return out
 
 
 def state_rule(result, self, obj, *args, **kwargs):
     """AFTER the tokenizer manager's per-request response stream: answers with routed experts name the rule."""
-    sp = getattr(obj, "sampling_params", None)
-    rule = _rule(sp.get("custom_params") if isinstance(sp, dict) else None)
-    return _with_rule(result, rule)
+    try:
+        sp = getattr(obj, "sampling_params", None)
+        rule = _rule(sp.get("custom_params") if isinstance(sp, dict) else None)
+    except Exception as e:  # noqa: BLE001 - the answers pass unstamped
+        logger.warning("slime-moe-rollout retraction-rows: request %s: reading its rule failed (%s: %s); its "
+                       "answers are unstamped", getattr(obj, "rid", None), type(e).__name__, e)
+        return result
+    return _with_rule(result, rule, getattr(obj, "rid", None))
 
 
-async def _with_rule(gen, rule):
+async def _with_rule(gen, rule, rid=None):
     try:
         async for out in gen:
-            meta = out.get("meta_info") if isinstance(out, dict) else None
-            if isinstance(meta, dict) and meta.get("routed_experts") is not None:
-                meta[META_KEY] = rule
+            try:
+                meta = out.get("meta_info") if rule and isinstance(out, dict) else None
+                if isinstance(meta, dict) and meta.get("routed_experts") is not None:
+                    meta[META_KEY] = rule
+            except Exception as e:  # noqa: BLE001 - this answer and the rest pass unstamped
+                rule = None
+                logger.warning("slime-moe-rollout retraction-rows: request %s: stamping its answer failed "
+                               "(%s: %s); its answers are unstamped", rid, type(e).__name__, e)
             yield out
     finally:
         await gen.aclose()
