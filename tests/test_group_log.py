@@ -130,3 +130,11 @@ def test_a_real_write_error_leaves_whole_lines_and_one_line_naming_file_and_erro
     log, r = group_log.resume(str(out))   # space freed: resume continues after the whole lines
     log.close()
     assert r.done == {"r1-g0", "r1-g1"} and r.torn_bytes == 0
+
+
+def test_a_record_json_cannot_encode_is_one_line_and_writes_nothing(tmp_path):
+    log = group_log.start(str(tmp_path / "o.jsonl"), META)
+    with pytest.raises(group_log.WriteError, match=r"cannot write a line to .*o.jsonl: the group record is not JSON"):
+        log.append({"group_id": "r1-g0", "label": {1, 2}})   # e.g. a Parquet label JSON has no type for
+    log.close()
+    assert (tmp_path / "o.jsonl").read_text() == "" and log.lines == 0
