@@ -115,6 +115,8 @@ async def pump(produce, stream: GroupStream, consume):
         await asyncio.wait({producer})
         await stream.close()
         await asyncio.wait({consumer})
+        if not consumer.cancelled():
+            consumer.exception()             # retrieved: the cancel is what is raised
         raise
     if not producer.done():                  # the consumer failed: stop producing now
         producer.cancel()
