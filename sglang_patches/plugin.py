@@ -4,7 +4,8 @@ SGLang calls `register()` in every server process (launcher, scheduler, detokeni
 DP controller). The installed SGLang must be a reviewed variant (else one log line, no hook);
 then each fix is judged; only active fixes register hooks, and every
 refusal is logged on one line. The list of active fixes is logged once per process on one line
-(`ACTIVE_LINE`), which `parse_active_fixes` reads back from a server log.
+(`ACTIVE_LINE`), which `parse_active_fixes` reads back from a server log. The same state is reported
+in `/server_info` (`report.REPORT_KEY`), on every release, for the rollout's admission check.
 """
 import logging
 from typing import Optional
@@ -19,17 +20,23 @@ _registered = []  # names of fixes whose hooks this process registered
 def register() -> list:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_patches import report
     from sglang_patches.registry import all_fixes, detect, judge, table
     from sglang_patches.states import FixState
 
-    if _registered:
+    if _registered or report._found:
         return list(_registered)
     found = detect()
+    verdicts = [judge(fix, found) for fix in all_fixes()]
+    report.record(found.version, found.refusal, verdicts)
+    try:   # read-only (adds one key to SGLang's answer): registered reviewed or not
+        HookRegistry.register(report.STATE, report.report, HookType.AROUND)
+    except Exception as e:
+        logger.error("slime-moe-rollout: fix report not registered: %s", e)
     if found.refusal:
         logger.error("slime-moe-rollout: no fixes applied: %s", found.refusal)
         return []
-    for fix in all_fixes():
-        verdict = judge(fix, found)
+    for fix, verdict in zip(all_fixes(), verdicts):
         if verdict.state is FixState.ACTIVE:
             for hook in table(found.variant.table)[fix.name].hooks:
                 HookRegistry.register(hook.target, hook.fn, HookType[hook.kind.upper()])

@@ -250,6 +250,11 @@ class ReadinessBudgets(_Model):
     server_up_s: float = Field(1800.0, ge=0.1)
     health_generate_s: float = Field(600.0, ge=0.1)
     dp_probe_s: float = Field(300.0, ge=0.1)
+    _allow_unfixed: bool = PrivateAttr(False)   # rollout.allow_unfixed, set by RolloutConfig for readiness
+
+    @property
+    def allow_unfixed(self) -> bool:
+        return self._allow_unfixed
 
     @property
     def total_s(self) -> float:
@@ -284,6 +289,7 @@ class RolloutConfig(_Model):
         problem = keyless_network_problem(self)
         if problem:
             raise ValueError(problem)
+        self.budgets._allow_unfixed = self.allow_unfixed
         return self
 
 

@@ -7,17 +7,23 @@ Every poll (<= 0.2 s apart, also while an HTTP call is pending) checks that the 
 alive, so a death is seen within 1 s. The DP ranks to probe come from `/server_info` as each
 reviewed SGLang reports them (`dp_ranks`); each probe must come back from the rank it was pinned to
 when the answer names its rank (`meta_info.dp_rank`), so a probe that every rank answers from rank 0
-cannot pass for all of them. A failure raises `ReadinessError`: one line naming the engine,
+cannot pass for all of them. Then the fixes: the plugin's report in `/server_info`
+(`sglang_patches.report`) must show every fix the engine's configuration needs in a good state (a
+reviewed SGLang, the plugin loaded, nothing disabled), else the engine is refused; `rollout.allow_unfixed:
+true` admits it anyway and says so on one line. A failure raises `ReadinessError`: one line naming the engine,
 the phase, its budget and the cause, with the last lines of the engine's log attached.
 """
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from rollout.engines.client import EngineClient
+from sglang_patches.report import problem as fix_problem
+
 from rollout.errors import ApiKeyRejected, EngineRejected, EngineUnreachable, short_error
 
 POLL_S = 0.2
@@ -64,6 +70,7 @@ class ReadyInfo:
     weight_version: Optional[str]
     phase_s: dict = field(default_factory=dict)  # label -> seconds spent
     rank_answers: dict = field(default_factory=dict)  # probed rank -> `meta_info.dp_rank` of its answer
+    server_info: Optional[dict] = None           # the last /server_info read (its fix report: admission)
 
     @property
     def total_s(self) -> float:
@@ -225,8 +232,23 @@ async def wait_ready(engine, budgets, client: EngineClient, view=None,
             view.failed(engine.name, str(e))
             raise ReadinessError(engine.name, ph.label, budget, str(e), engine.log_tail()) from None
         info.phase_s[ph.label] = time.monotonic() - t0
+    _admit_fixes(engine, budgets, info, view)
     view.admitted(engine.name, time.monotonic() - t_all)
     return info
+
+
+def _admit_fixes(engine, budgets, info: ReadyInfo, view) -> None:
+    """Refuse an engine whose report shows a needed fix not good, unless `rollout.allow_unfixed`."""
+    why = fix_problem(info.server_info)
+    if why is None:
+        return
+    if getattr(budgets, "allow_unfixed", False):
+        print(f"{engine.name}: admitted WITHOUT its fixes (rollout.allow_unfixed: true): {why}"[:400],
+              file=sys.stderr, flush=True)
+        return
+    reason = f"refused: {why} (set rollout.allow_unfixed: true to run it anyway)"
+    view.failed(engine.name, reason)
+    raise ReadinessError(engine.name, "fix report", 0, reason, engine.log_tail())
 
 
 async def _health_hedged(client: EngineClient, engine, deadline, max_inflight: int = 5) -> tuple[bool, str]:
@@ -264,7 +286,8 @@ async def _read_dp_size(client: EngineClient, engine, info: ReadyInfo, deadline)
     """DP ranks from /server_info (a scheduler round trip, so not on the path to /health_generate);
     the spec's dp stays when the engine does not answer it usably."""
     try:
-        info.dp_size = dp_ranks(await client.server_info(engine, _left(deadline)))
+        info.server_info = await client.server_info(engine, _left(deadline))
+        info.dp_size = dp_ranks(info.server_info)
     except ApiKeyRejected:
         raise
     except (EngineRejected, ValueError, TypeError, AttributeError):

@@ -120,11 +120,17 @@ class Loopback:
         self.thread.join(10)
 
 
+REPORT_KEY = "slime_moe_rollout.fixes"
+GOOD_REPORT = {"sglang_version": "0.5.23", "refusal": None, "fixes": []}
+
+
 class FakeSGLang(Loopback):
     """FAKE SGLang server: the recorded answers, `routes` replacing or adding routes."""
 
     def __init__(self, routes=None, *, server_info=None, **kw):
-        self.server_info = server_info or fact("abort")["server_info"]
+        self.server_info = dict(server_info or fact("abort")["server_info"])
+        # what our plugin adds on a reviewed release with every needed fix good (sglang_patches.report)
+        self.server_info.setdefault("internal_states", [{REPORT_KEY: GOOD_REPORT}])
         super().__init__({"/model_info": self.model_info, "/ready": self.ok, "/server_info": self.server_info_route,
                           "/health_generate": self.ok, "/abort_request": self.ok, "/generate": self.generate,
                           **(routes or {})}, **kw)
