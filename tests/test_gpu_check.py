@@ -296,6 +296,25 @@ def test_engine_checks_cli_parses_without_cuda():
     assert r.returncode == 2 and "--work" in r.stderr
 
 
+def test_retraction_check_runs_against_a_real_cpu_engine(engine_pool, tiny_model, capsys):
+    """engine_checks.check_retraction end to end against the real SGLang CPU engine of preset (a) (the pool's,
+    shared with the engine tests) in all three roles, 3 requests of 8 tokens: streamed answers parsed, rows
+    decoded and compared, the client's refusal asked. Its pool holds them all, so nobody is retracted and
+    the verdict is the one that says so (on the device two small-pool engines retract)."""
+    import engine_checks
+    from support.engines import preset
+
+    eng = engine_pool.get("a", preset("a", tiny_model))
+    engine_checks.RESULTS.clear()
+    engine_checks.check_retraction({"plugin": eng, "retract": eng, "retract-off": eng}, n_req=3, new=8)
+    (v,) = engine_checks.RESULTS
+    assert v.name == "retraction_engine" and not v.ok and not v.skip
+    assert v.reason.startswith("proved nothing: no request was retracted (pre-retraction token-layers vs the "
+                               "unretracted reference: fix on 0 of 0 differ (0 of 3 requests retracted)"), v.reason
+    got = json.loads(capsys.readouterr().out.split("retraction: ", 1)[1].splitlines()[0])
+    assert got["retract"]["rules"] == ["sampling-time"] and got["retract"]["requests"] == 3, got
+
+
 def test_router_reference_equals_the_tests_reference(tiny_model):
     """engine_checks.Router (transformers' router, on the GPU there) = rollout/models/reference.py hf_router_topk."""
     from rollout.models.reference import hf_router_topk

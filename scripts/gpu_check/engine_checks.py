@@ -5,8 +5,8 @@ Run by scripts/gpu_check/run.sh (PYTHONPATH=<site>:<repo>, the kernel shim in <s
     python scripts/gpu_check/engine_checks.py --work DIR [--budget S] [--requests N]
 Six engines start side by side on the one GPU (plan.engine_specs): the plugin; the plugin without
 capture-snapshot; no plugin (SGLANG_PLUGINS=none); NEXTN with the plugin; two small-pool engines (the
-plugin, and the plugin with retraction-rows and retraction-routes disabled) for the retraction check. The tiny GLM-4.5 (bf16) is
-built locally in DIR. Exit status 1 if any check FAILs. Engine logs go to DIR/engine-NAME.log.
+plugin, and the plugin with retraction-rows and retraction-routes disabled) for the retraction check. The
+tiny GLM-4.5 (bf16) is built locally in DIR. Exit status 1 if any check FAILs. Engine logs go to DIR/engine-NAME.log.
 """
 import argparse
 import json
