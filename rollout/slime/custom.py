@@ -221,9 +221,11 @@ def generate_rollout(args, data_source):
     from rollout.slime.types import RolloutFnTrainOutput
     backend, tokenizer = adapter._ensure(args)
     loop = adapter._loop()
-    front = _FRONTS.get(id(backend))
-    if front is None:
-        front = _FRONTS[id(backend)] = loop.run(Front(backend, tokenizer).start())
+    front = _FRONT.get("front")
+    if front is None or front.backend is not backend or front.tokenizer is not tokenizer:   # attached again
+        if front is not None:
+            loop.run(front.stop())
+        front = _FRONT["front"] = loop.run(Front(backend, tokenizer).start())
     want = int(args.rollout_batch_size)
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
     filt = adapter._Filter(args)
@@ -260,4 +262,4 @@ def generate_rollout(args, data_source):
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
-_FRONTS: dict = {}   # backend id -> its Front (started once, on the adapter's loop)
+_FRONT: dict = {}   # "front": the Front of the adapter's current backend (on the adapter's loop)
