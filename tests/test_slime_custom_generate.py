@@ -181,3 +181,28 @@ def test_text_requests_are_tokenized_and_kept_on_their_group_worker(two_workers)
         on = {i for i, w in enumerate(two_workers.ws) for r in w.requests if r["input_ids"][:len(ids)] == ids}
         assert len(on) == 1, (gi, on)
     assert out.metrics["rollout/custom_generate_requests"] == 8
+
+
+def test_front_refuses_what_it_cannot_place_with_one_line():
+    """A request the front cannot key to a sample of this step, a text request with no tokenizer, images, and a
+    max_new_tokens that is not an int get HTTP 400 with one line (the backend is never asked: None here)."""
+    import aiohttp
+    from rollout.slime.custom import Front
+
+    async def run():
+        front = await Front(backend=None).start()
+        front.open_group("g", [1, 2, 3])
+        url = f"http://127.0.0.1:{front.port}/generate"
+        got = []
+        async with aiohttp.ClientSession() as session:
+            for body in ({"input_ids": [9, 9]}, {"text": "hi"}, {"input_ids": [1, 2, 3], "image_data": ["x"]},
+                         {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": None}}):
+                async with session.post(url, json=body) as r:
+                    got.append((r.status, await r.text()))
+        await front.stop()
+        return got
+
+    got = asyncio.run(run())
+    assert [s for s, _ in got] == [400] * 4 and all("\n" not in t for _, t in got)
+    assert "no prompt of this rollout step" in got[0][1] and "tokenizer" in got[1][1]
+    assert "image_data" in got[2][1] and "max_new_tokens" in got[3][1]
