@@ -196,9 +196,11 @@ class RolloutManager:
         laid over the manager's and sent as they are (no per-index seed is added)."""
         return await self.dispatcher.run(sample, None if sampling is None else {**self.options.sampling, **sampling})
 
-    async def rollout(self, prompts, sink, batch_size: Optional[int] = None, on_group=None) -> RolloutResult:
+    async def rollout(self, prompts, sink, batch_size: Optional[int] = None, on_group=None,
+                      refill=None) -> RolloutResult:
         """Run groups (carried-over first, then one per prompt or `Group`) until `batch_size` are delivered
-        to `sink`.
+        to `sink`. `refill()`: called after each group the sink did not take, while the batch is not full;
+        the groups it returns start at once, beside the ones still running (slime's over-sampling refill).
 
         Groups still running when the batch is full are aborted and kept for the next call, under the
         same ids (with partial_rollout with their tokens so far; otherwise started again from the prompt).
@@ -229,7 +231,11 @@ class RolloutManager:
                 if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)
                     return
-                if await sink.put(group):
+                if not await sink.put(group):
+                    if refill is not None and not full.is_set():
+                        more.extend(refill())
+                        wake.set()
+                else:
                     res.delivered += 1
                     for s in group.samples:
                         if s.status is SampleStatus.FAILED:
@@ -248,16 +254,40 @@ class RolloutManager:
             finally:
                 gate.release()
 
-        tasks = []
-        for group in todo:
-            await gate.acquire()
-            if full.is_set():
-                gate.release()
-                leftovers.append(group)
-                continue
-            tasks.append(asyncio.create_task(run_group(group)))
-        try:
+        tasks: list = []
+        more: list = []        # refills, started by the loop below
+        wake = asyncio.Event()
+
+        async def start(groups):
+            for group in groups:
+                await gate.acquire()
+                if full.is_set():
+                    gate.release()
+                    leftovers.append(group)
+                    continue
+                tasks.append(asyncio.create_task(run_group(group)))
+
+        async def run_all():
+            await start(todo)
+            while True:
+                running = [t for t in tasks if not t.done()]
+                if more:
+                    groups, more[:] = list(more), []
+                    await start(groups)
+                    continue
+                if not running:
+                    break
+                wake.clear()
+                waiter = asyncio.ensure_future(wake.wait())
+                done, _ = await asyncio.wait([*running, waiter], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                for t in done:
+                    if t is not waiter:
+                        t.result()   # a sink that raised ends the step
             await asyncio.gather(*tasks)
+
+        try:
+            await run_all()
         except BaseException:   # a sink that raises ends the step: nothing keeps running behind it
             for t in tasks:
                 t.cancel()

@@ -89,15 +89,15 @@ def test_rewards_run_concurrently_within_and_across_groups(router, gate):
     assert g.max_groups == 2
 
 
-def _slime_async_utils():
-    """slime's own slime/utils/async_utils.py (SLIME_SRC, else the mirror's HEAD), or None."""
+def _slime_async_utils(path="slime/utils/async_utils.py"):
+    """slime's own file `path` (SLIME_SRC, else the mirror's HEAD), or None."""
     src = os.environ.get("SLIME_SRC")
-    if src and os.path.exists(os.path.join(src, "slime/utils/async_utils.py")):
-        with open(os.path.join(src, "slime/utils/async_utils.py")) as fh:
+    if src and os.path.exists(os.path.join(src, path)):
+        with open(os.path.join(src, path)) as fh:
             return fh.read()
     git = "/work/.mirror/THUDM+slime/repo"
     if os.path.isdir(git):
-        r = subprocess.run(["git", "-C", git, "show", "HEAD:slime/utils/async_utils.py"], capture_output=True,
+        r = subprocess.run(["git", "-C", git, "show", f"HEAD:{path}"], capture_output=True,
                            text=True, timeout=30)
         if r.returncode == 0:
             return r.stdout
@@ -257,3 +257,50 @@ def test_recycled_groups_go_through_slimes_buffer_and_its_filter(router):
     args.over_sampling_batch_size = 2
     second = slime_adapter.generate_rollout(args, 1, src)
     assert PICKED == [1] and HANG in {g[0].tokens[0] for g in second.samples}
+
+
+@pytest.fixture
+def slime_filter_hub():
+    """slime's own slime/rollout/filter_hub/base_types.py importable (SLIME_SRC or the mirror)."""
+    name = "slime.rollout.filter_hub.base_types"
+    if name in sys.modules or slime_standin.REAL:
+        yield importlib.import_module(name)
+        return
+    code = _slime_async_utils("slime/rollout/filter_hub/base_types.py")
+    if code is None:
+        pytest.skip("slime's filter_hub not found (set SLIME_SRC)")
+    hub, module = types.ModuleType("slime.rollout.filter_hub"), types.ModuleType(name)
+    exec(compile(code, "slime/rollout/filter_hub/base_types.py", "exec"), module.__dict__)
+    sys.modules["slime.rollout.filter_hub"], sys.modules[name] = hub, module
+    yield module
+    sys.modules.pop(name, None)
+    sys.modules.pop("slime.rollout.filter_hub", None)
+
+
+OPEN_AT_REFILL = []
+
+
+def drop_one_two(args, samples):
+    return samples[0].tokens[0] != 1   # slime's legacy bool form: the group of prompt [1, 2] is dropped
+
+
+def test_refill_starts_while_the_straggler_runs(router, slime_filter_hub):
+    """slime submits the next over-sampling chunk as soon as a dropped group leaves remaining < target, while
+    the others still run. Before the fix the round ran to its end first: the refill waited for the straggler
+    (here it would wait until the straggler's request gave up: the stand-in aborts it only when the batch is full)."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_batch_size=2, over_sampling_batch_size=2,
+                 dynamic_sampling_filter_path=f"{__name__}.drop_one_two")
+    src = StandInDataSource([[HANG, 3], [1, 2], [4, 5], [6, 7]], 2)
+    got = src.get_samples
+
+    def fetch(k):
+        OPEN_AT_REFILL.append(not router.worker.aborted.is_set())
+        return got(k)
+    src.get_samples = fetch
+    OPEN_AT_REFILL.clear()
+    out = slime_adapter.generate_rollout(args, 0, src)
+    assert OPEN_AT_REFILL == [True, True]   # the second fetch came while the straggler's request was open
+    assert sorted(g[0].tokens[0] for g in out.samples) == [4, 6]
+    assert out.metrics["rollout/recycled_groups"] == 1   # the straggler, aborted when the batch was full

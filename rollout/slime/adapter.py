@@ -305,6 +305,19 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
     sink = _Sink(args, pending, backend.layout, want)
     results = []
+
+    def refill() -> list:   # slime: while remaining_batch_size < target, submit over_sampling_batch_size more
+        out = []
+        while sink.started < want:
+            got = data_source.get_samples(over)
+            if not got:
+                break
+            _refuse_multimodal(got)
+            sink.started += len(got)
+            groups = [_manager_group(backend, g, tokenizer) for g in got]
+            pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, got))
+            out += groups
+        return out
     while len(sink.groups) < want:
         carried = len(backend.carried)
         new_groups: list = []
@@ -317,7 +330,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
         _refuse_multimodal(new_groups)
         groups = [_manager_group(backend, g, tokenizer) for g in new_groups]
         pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, new_groups))
-        results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups))))
+        results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups), refill)))
         if not new_groups and not carried:
             break
     recycled = _recycle(args, backend, rollout_id, data_source)
@@ -385,9 +398,9 @@ def _refuse_multimodal(groups) -> None:
                                  "mode sends tokens only; use slime's own rollout function for multimodal prompts")
 
 
-async def _step(backend, groups, sink, need):
+async def _step(backend, groups, sink, need, refill=None):
     await backend.relist()   # the workers slime's router lists now (engines slime restarted, added or removed)
-    return await backend.rollout(groups, sink, batch_size=need)
+    return await backend.rollout(groups, sink, batch_size=need, refill=refill)
 
 
 def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
