@@ -195,8 +195,7 @@ async def run_groups(args, front: Front, groups: list, load) -> list:
 async def _finish(args, group: list, adapter) -> list:
     """slime's generate_and_rm after generation, per function result: hooks, then the reward (`batched_async_rm`
     on a `list[Sample]`; none for ABORTED); `--group-rm`: one batched reward over the group."""
-    out = []
-    for s in group:
+    async def one(s):   # per sample, concurrently, as slime's per-sample tasks
         s = await adapter._hooks(args, s)
         if not getattr(args, "group_rm", False):
             if isinstance(s, list):
@@ -206,7 +205,8 @@ async def _finish(args, group: list, adapter) -> list:
                         x.reward = r
             elif s.status != s.Status.ABORTED and s.reward is None:
                 s.reward = await adapter._call_rm(args, "async_rm", s)
-        out.append(s)
+        return s
+    out = list(await asyncio.gather(*(one(s) for s in group)))
     if getattr(args, "group_rm", False):
         for s, r in zip(out, await adapter._call_rm(args, "batched_async_rm", out)):
             s.reward = r
@@ -241,7 +241,7 @@ def generate_rollout(args, data_source):
         async def step():
             await backend.relist()
             done = await run_groups(args, front, got, adapter._load)
-            return [await _finish(args, g, adapter) for g in done]
+            return list(await asyncio.gather(*(_finish(args, g, adapter) for g in done)))
         finished = loop.run(step())
         for gid, g in zip(gids, finished):
             seats = {(e, t.dp_rank) for t in front.close_group(gid) for e in t.engines}
