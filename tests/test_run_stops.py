@@ -164,7 +164,7 @@ def test_full_disk_real_engine_stops_leaves_no_engine_and_resumes(tmp_path, full
     cfg = _config(tmp_path, base_port=base)
     d = yaml.safe_load(open(cfg))
     d["engine_groups"][0].update(engines=1, routed_experts=True)
-    d["rollout"]["budgets"].update(http_s=600, server_up_s=600)   # a loaded 2-core machine
+    d["rollout"]["budgets"].update(http_s=600, server_up_s=600, health_generate_s=600)   # a loaded machine
     open(cfg, "w").write(yaml.safe_dump(d))
     cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
     _stops_on_a_full_disk_then_resumes(tmp_path, full_disk, ["--config", cfg], 12, cli=cli)
