@@ -94,7 +94,7 @@ def _release(req, capturer, monkeypatch):
 
 def test_kept_rows_capped_per_request(monkeypatch, caplog):
     """6 rows of 8 bytes over a 40-byte cap: none kept, the request marked off, one line; b76cc10 kept them."""
-    monkeypatch.setenv(rows.PER_REQUEST_ENV, str(40 / (1 << 20)))
+    monkeypatch.setenv("SLIME_MOE_ROLLOUT_KEPT_MB_PER_REQUEST", str(40 / (1 << 20)))
     req = _live_req("r-big")
     with caplog.at_level("WARNING", logger="slime_moe_rollout"):
         assert _release(req, _capturer(), monkeypatch) == "released"
@@ -105,11 +105,12 @@ def test_kept_rows_capped_per_request(monkeypatch, caplog):
 
 def test_kept_rows_capped_per_process(monkeypatch):
     """Two live requests of 48 bytes under a 80-byte process cap: the first keeps, the second does not."""
-    monkeypatch.setenv(rows.PER_PROCESS_ENV, str(80 / (1 << 20)))
+    monkeypatch.setenv("SLIME_MOE_ROLLOUT_KEPT_MB_PER_PROCESS", str(80 / (1 << 20)))
     first, second = _live_req("a"), _live_req("b")
     _release(first, _capturer(), monkeypatch)
     _release(second, _capturer(), monkeypatch)
-    assert getattr(first, KEPT)[1].nbytes == 48 and getattr(second, KEPT, None) is None
+    assert getattr(first, KEPT)[1].nbytes == 48
+    assert getattr(second, KEPT, None) is None, "kept rows past the per-process cap"
     assert rows.held_bytes() == 48
     del first   # a finished or aborted request frees its share
     import gc
