@@ -125,11 +125,11 @@ def test_signal_stops_the_engines_and_keeps_the_output_whole(tmp_path, sig, rc):
     assert 1 <= len(ids) < N and len(ids) == len(set(ids))
 
 
-def _stops_on_a_full_disk_then_resumes(tmp_path, disk, argv, n, driver_env=None, cli=None):
+def _stops_on_a_full_disk_then_resumes(tmp_path, disk, argv, n, driver_env=None, cli=None, cli_env=None):
     out, logs = disk.root / "o.jsonl", tmp_path / "logs"
     run = (lambda a, **kw: _run(a, **kw)) if cli is None else (
         lambda a, env=None: subprocess.Popen([cli, "run", *a], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE))
+                                             stderr=subprocess.PIPE, env={**os.environ, **cli_env}))
     disk.fill(room=8192)   # a page for OUTPUT.run.json, a page (about 4 lines) for OUTPUT
     p = run([*argv, "--output", str(out), "--num-groups", str(n), "--log-dir", str(logs)], env=driver_env)
     _, err = p.communicate(timeout=900)
@@ -167,6 +167,7 @@ def test_full_disk_real_engine_stops_leaves_no_engine_and_resumes(tmp_path, full
     d["rollout"]["budgets"].update(http_s=600, server_up_s=600, health_generate_s=600)   # a loaded machine
     open(cfg, "w").write(yaml.safe_dump(d))
     cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
-    _stops_on_a_full_disk_then_resumes(tmp_path, full_disk, ["--config", cfg], 12, cli=cli)
+    _stops_on_a_full_disk_then_resumes(tmp_path, full_disk, ["--config", cfg], 12, cli=cli,   # own JIT cache:
+                                       cli_env={"SGLANG_CACHE_DIR": str(tmp_path / "cache")})  # a shared one can be torn
     left = subprocess.run(["pgrep", "-f", "--", f"--port {base}"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "an engine of the failed run is still running"
