@@ -145,3 +145,17 @@ def test_open_backend_names_each_backend_and_imports_ray_only_when_chosen(tmp_pa
     assert out.stdout.split() == ["LocalBackend", "True", "False"], out.stderr
     from rollout.engines.base import BACKENDS, backend_class
     assert {kind: backend_class(kind).name for kind in BACKENDS} == {"local": "local", "ray": "ray"}
+
+
+def test_cli_unresolvable_host_is_one_line(capsys, tmp_path):
+    """A host no port can bind on is one line, exit 2 (before: free_port's OSError as a traceback)."""
+    src = open(rconfig.load("a").source).read()
+    assert "  host: 127.0.0.1\n" in src
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(src.replace("  host: 127.0.0.1\n", "  host: no-such-host.invalid\n"))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert main(["engine", "launch", "--config", str(cfg), "--model-path", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: engine launch: cannot pick a port on host "
+                                               "'no-such-host.invalid'"), err

@@ -125,7 +125,11 @@ def _launch(args) -> int:
         group.env["SGLANG_PLUGINS"] = "none"
     if args.disable:
         group.env["SLIME_MOE_ROLLOUT_DISABLE"] = args.disable
-    spec = first_engine_spec(cfg, model, args.port or free_port(cfg.rollout.host))
+    try:
+        port = args.port or free_port(cfg.rollout.host)
+    except OSError as e:
+        raise CliError(f"engine launch: {e}") from None
+    spec = first_engine_spec(cfg, model, port)
     backend = LocalBackend(args.log_dir or os.path.join(ROOT, ".cache", "logs"))
     log = backend.log_path(spec)
     if os.path.exists(log):
