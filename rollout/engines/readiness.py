@@ -239,16 +239,23 @@ async def wait_ready(engine, budgets, client: EngineClient, view=None,
 
 def _admit_fixes(engine, budgets, info: ReadyInfo, view) -> None:
     """Refuse an engine whose report shows a needed fix not good, unless `rollout.allow_unfixed`."""
-    why = fix_problem(info.server_info)
-    if why is None:
+    reason = fix_refusal(engine.name, info.server_info, getattr(budgets, "allow_unfixed", False))
+    if reason is None:
         return
-    if getattr(budgets, "allow_unfixed", False):
-        print(f"{engine.name}: admitted WITHOUT its fixes (rollout.allow_unfixed: true): {why}"[:400],
-              file=sys.stderr, flush=True)
-        return
-    reason = f"refused: {why} (set rollout.allow_unfixed: true to run it anyway)"
     view.failed(engine.name, reason)
     raise ReadinessError(engine.name, "fix report", 0, reason, engine.log_tail())
+
+
+def fix_refusal(name: str, server_info, allow: bool, switch: str = "rollout.allow_unfixed: true") -> Optional[str]:
+    """Why the engine `name` with this `/server_info` must not be admitted (one line), or None. With
+    `allow` (the override, named by `switch`) it is admitted anyway and one stderr line says so."""
+    why = fix_problem(server_info)
+    if why is None:
+        return None
+    if allow:
+        print(f"{name}: admitted WITHOUT its fixes ({switch}): {why}"[:400], file=sys.stderr, flush=True)
+        return None
+    return f"refused: {why} (set {switch} to run it anyway)"
 
 
 async def _health_hedged(client: EngineClient, engine, deadline, max_inflight: int = 5) -> tuple[bool, str]:

@@ -14,12 +14,15 @@ import os
 import sys
 import threading
 
+from rollout.engines.readiness import ReadinessError, fix_refusal
+from rollout.errors import ApiKeyRejected, EngineError
 from rollout.types import Endpoint
 
 __all__ = ["Endpoint", "Loop", "RouterWorkers", "attach_workers", "moe_layout", "router_flag_warning",
            "sampling_from_args"]
 
 CONFIG_ENV = "SLIME_MOE_ROLLOUT_CONFIG"   # optional YAML (training_configs schema) for model facts
+ALLOW_UNFIXED_ENV = "SLIME_MOE_ROLLOUT_ALLOW_UNFIXED"   # 1: attach to workers whose needed fixes are not good
 EMPTY_WAIT_S = 60.0   # the router registers workers in the background (POST /workers answers 202)
 
 
@@ -51,6 +54,18 @@ def moe_layout(args):
     if freq is not None:
         return MoELayout.from_layer_freq(freq, args.num_experts, args.moe_router_topk, args.num_layers)
     return MoELayout.from_first_k_dense(args.num_layers, 0, args.num_experts, args.moe_router_topk)
+
+
+def allow_unfixed(args) -> tuple:
+    """(admit workers without their fixes?, the switch that says so): $SLIME_MOE_ROLLOUT_ALLOW_UNFIXED=1,
+    else `rollout.allow_unfixed` of the YAML named by $SLIME_MOE_ROLLOUT_CONFIG."""
+    if os.environ.get(ALLOW_UNFIXED_ENV) == "1":
+        return True, f"{ALLOW_UNFIXED_ENV}=1"
+    path = os.environ.get(CONFIG_ENV) or getattr(args, "slime_moe_rollout_config", None)
+    if path:
+        from training_configs.schema import load_config
+        return load_config(path).rollout.allow_unfixed, f"rollout.allow_unfixed: true in {path}"
+    return False, f"{ALLOW_UNFIXED_ENV}=1"
 
 
 def sampling_from_args(args) -> dict:
@@ -112,7 +127,7 @@ async def attach_workers(args):
     if line:
         print(line, file=sys.stderr, flush=True)
     layout = moe_layout(args) if getattr(args, "use_rollout_routing_replay", False) else None
-    workers = RouterWorkers(router_url(args), getattr(args, "sglang_api_key", None))
+    workers = RouterWorkers(router_url(args), getattr(args, "sglang_api_key", None), allow_unfixed(args))
     options = RolloutOptions(sampling_from_args(args), int(args.n_samples_per_prompt),
                              int(getattr(args, "sglang_server_concurrency", 512)), layout=layout,
                              seeds=group_seeds(args), keep_answers=True,
@@ -123,10 +138,15 @@ async def attach_workers(args):
 class RouterWorkers:
     """The manager's `discover`: who slime's router lists now. Regular healthy workers are sent to; with
     prefill/decode workers only (PD disaggregation) the router stays the one endpoint (only it pairs them).
-    Stragglers are aborted on every listed worker, as slime's abort does (a router has no /abort_request)."""
+    Stragglers are aborted on every listed worker, as slime's abort does (a router has no /abort_request).
+    Each worker sent to is admitted once, when first listed, by the fix report in its `/server_info`
+    (`readiness.fix_refusal`, as the main job's engines); one whose needed fixes are not good raises
+    `ReadinessError` naming it and the fix, unless `unfixed` allows it. A worker whose `/server_info` does
+    not answer is left out until a later listing reads it."""
 
-    def __init__(self, router: str, api_key=None):
-        self.router, self.api_key = router, api_key
+    def __init__(self, router: str, api_key=None, unfixed: tuple = (False, f"{ALLOW_UNFIXED_ENV}=1")):
+        self.router, self.api_key, self.unfixed = router, api_key, unfixed
+        self.admitted: set = set()
 
     def __str__(self) -> str:
         return f"slime's router {self.router}"
@@ -134,7 +154,28 @@ class RouterWorkers:
     async def __call__(self, client) -> tuple:
         """(endpoints to send to, endpoints to abort on) as the router lists them now; an unreachable router
         raises `EngineUnreachable` naming it."""
-        return self.split(await client.list_workers(Endpoint(str(self), self.router, None)))
+        send, abort = self.split(await client.list_workers(Endpoint(str(self), self.router, None)))
+        self.admitted &= {e.name for e in send}   # a worker that left is checked again when it returns
+        new = [e for e in send if e.name not in self.admitted and e.url != self.router]
+        unread = set()
+        for e, info in zip(new, await asyncio.gather(*(self._server_info(client, e) for e in new))):
+            if info is None:
+                unread.add(e.name)
+                continue
+            reason = fix_refusal(f"worker {e.name}", info, *self.unfixed)
+            if reason is not None:
+                raise ReadinessError(e.name, "fix report", 0, reason, [])
+            self.admitted.add(e.name)
+        return [e for e in send if e.name not in unread], abort
+
+    @staticmethod
+    async def _server_info(client, endpoint):
+        try:
+            return await client.server_info(endpoint)
+        except ApiKeyRejected:
+            raise
+        except EngineError:
+            return None
 
     def split(self, workers: list) -> tuple:
         """The router's worker dicts -> (endpoints to send to, endpoints to abort on)."""
@@ -144,4 +185,3 @@ class RouterWorkers:
         if not send and listed:
             send = [self.router]
         return ([Endpoint(u, u, self.api_key) for u in send], [Endpoint(u, u, self.api_key) for u in listed])
-
