@@ -1,9 +1,11 @@
 """retraction-rows and retraction-routes on every reviewed SGLang variant: `sglang_patches/scenarios/retraction.py`
-runs SGLang's own `release_req` / `Req.reset_for_retract` / `get_topk` / `_maybe_collect_routed_experts` and
-`select_experts` in the variant's environment (0.5.23: the main one), stock and then with the plugin loaded by
-SGLang's `load_plugins()`. Stock SGLang returns the re-prefill's rows for the positions sampled before a
-retraction, and its re-prefill routes those positions again (the needles); with the plugin, the rows those
-tokens were sampled with, and the re-prefill routes with them. `patches status` lists both fixes active there.
+runs SGLang's own `release_req` / `Req.reset_for_retract` / `get_topk` / `_maybe_collect_routed_experts`,
+`Scheduler.run_batch` (the plan hook) with `select_experts`, and `TokenizerManager._wait_one_response` (the state
+hook) in the variant's environment (0.5.23: the main one), stock and then with the plugin loaded by SGLang's
+`load_plugins()`. Stock SGLang returns the re-prefill's rows for the positions sampled before a retraction, its
+re-prefill routes those positions again, and its answers carry no `routed_experts_retraction` (the needles); with
+the plugin, the rows those tokens were sampled with, the re-prefill routes with them, and the answer names the
+rule. `patches status` lists both fixes active there.
 """
 import json
 import subprocess

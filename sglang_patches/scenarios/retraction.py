@@ -10,7 +10,9 @@ capturer's host rows as `on_forward_end` does: the row of a token lives at its K
 forward numbered f holds id f*100 + s), the KV free itself (`release_kv_cache`, `evict_from_tree_cache`:
 the stand-in marks the row released as each release's own does) and the request (a duck-typed Req with the
 fields those functions read). One request, 4 prompt tokens, row 0 of the request-to-token table.
-The `retraction_routes_*` scenarios run a re-prefill batch's router through SGLang's own `select_experts`.
+The `retraction_routes_*` scenarios run a re-prefill batch through SGLang's own `Scheduler.run_batch` (on a
+scheduler shell; the plugin's plan hook wraps it) whose forward is one router through SGLang's `select_experts`.
+`retraction_state_stamped` runs SGLang's own `TokenizerManager._wait_one_response` (the state hook wraps it).
 """
 import inspect
 import sys
@@ -249,6 +251,53 @@ def retraction_rows_recomputed_opt_out():
         return _expect(e.finish(), [530, 531, 532, 533, 534, 535, 536, 637])
 
 
+# ---- SGLang's own Scheduler.run_batch on a shell scheduler -----------------------------------------------------
+class Null:
+    """A scheduler part whose answer nobody reads (metrics, profiler, copies to CPU): every call and attribute
+    answers itself, falsy."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __call__(self, *a, **k):
+        return self
+
+    def __bool__(self):
+        return False
+
+
+class ExtendMode:
+    """A batch's forward mode: extend (`is_extend()` true, every other `is_*()` false)."""
+
+    def __getattr__(self, name):
+        if name.startswith("is_"):
+            return lambda: name == "is_extend"
+        raise AttributeError(name)
+
+
+def run_batch(forward, batch, server_args):
+    """SGLang's own `Scheduler.run_batch` (with whatever hooks the plugin installed on it) for an extend batch,
+    on a scheduler shell: no overlap, no speculation, no disaggregation, the last pipeline rank; its model
+    worker's forward is `forward(batch)` (0.5.20+ read `scheduler_stage_metrics` too)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+
+    shell = object.__new__(Scheduler)
+    worker = SimpleNamespace(forward_batch_generation=lambda b, **kw: DuckReq(out=forward(b)))
+    vars(shell).update(
+        forward_ct=0, _sched_idled=False, processed_tokens_counter=0, metrics_reporter=Null(),
+        scripted_scheduler_hook=None, profiler_manager=Null(), forward_sleep_time=None,
+        disaggregation_mode=DisaggregationMode.NULL, is_generation=True, enable_overlap=False, enable_pdmux=False,
+        enable_unified_memory=False, enable_unified_cache_external_linker=False,
+        spec_algorithm=SimpleNamespace(is_none=lambda: True), future_map=None,
+        pp_group=SimpleNamespace(is_last_rank=True), model_worker=worker, update_cache_from_scheduler=Null(),
+        _copy_auxiliary_output_to_cpu=Null(), _maybe_report_active_ranks=Null(), _relay_forward_payload=Null(),
+        _copy_result_to_cpu=Null(), server_args=server_args, tp_cpu_group=None, scheduler_stage_metrics=None)
+    return Scheduler.run_batch(shell, batch)
+
+
 # ---- retraction-routes: the re-prefill's routers take the kept rows (SGLang's own select_experts) ------------
 EXPERTS, LAYER = 8, 1
 
@@ -266,7 +315,6 @@ def _reprefill_routes(server_args=None, gather=None, **config):
     from sglang.srt.layers.moe import topk
     from sglang.srt.state_capturer.routed_experts import set_global_experts_capturer
 
-    from sglang_patches.fixes import retraction_routes
     from sglang_patches.fixes.retraction_rows import KEPT
     from sglang_patches.scenarios.dp import _capturer
 
@@ -291,17 +339,18 @@ def _reprefill_routes(server_args=None, gather=None, **config):
         cfg = topk.TopKConfig(top_k=2, renormalize=True, use_grouped_topk=True, num_expert_group=1, topk_group=1,
                               correction_bias=torch.zeros(EXPERTS), routed_scaling_factor=2.5, torch_native=True,
                               **config)
-        batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), prefix_lens=[0, 2],
-                                extend_lens=[2, 5], reqs=[DuckReq(), DuckReq(**{KEPT: (0, kept_rows)})],
-                                is_extend_in_batch=True)
-        scheduler = SimpleNamespace(server_args=server_args or SimpleNamespace(enable_dp_attention=False),
-                                    tp_cpu_group=None)
+        batch = DuckReq(forward_mode=ExtendMode(), spec_algorithm=SimpleNamespace(is_none=lambda: True),
+                        prefix_lens=[0, 2], extend_lens=[2, 5], reqs=[DuckReq(), DuckReq(**{KEPT: (0, kept_rows)})],
+                        is_extend_in_batch=True, device="cpu", extend_num_tokens=7,
+                        prefill_input_ids_cpu=torch.zeros(7, dtype=torch.int64))
+        routed = []
 
-        def forward(_self, _batch):   # the batch's forward: one MoE layer's router
-            return topk.select_experts(hidden_states=torch.zeros(logits.shape[0], 4), router_logits=logits,
-                                       topk_config=cfg, layer_id=LAYER)
+        def forward(_batch):   # the batch's forward: one MoE layer's router
+            routed.append(topk.select_experts(hidden_states=torch.zeros(logits.shape[0], 4), router_logits=logits,
+                                              topk_config=cfg, layer_id=LAYER))
         try:
-            out = retraction_routes.plan_on_run_batch(forward, scheduler, batch)
+            run_batch(forward, batch, server_args or SimpleNamespace(enable_dp_attention=False))
+            out = routed[0]
             captured = cap.device_cache.buffer[:logits.shape[0], LAYER].tolist()
         finally:
             set_global_experts_capturer(None)
@@ -378,6 +427,52 @@ def retraction_routes_draft():
 
 GUARDS += ("retraction_routes_draft",)
 
+# ---- retraction-rows' state: SGLang's own TokenizerManager._wait_one_response ----------------------------------
+def wait_one_response(outs, custom_params=None):
+    """The answers SGLang's own `TokenizerManager._wait_one_response` (with whatever hooks the plugin installed
+    on it) yields for one non-streaming request whose scheduler outputs are `outs`, on a tokenizer manager shell
+    (one request state; no logging, no metrics)."""
+    import asyncio
+
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    async def answers():
+        tm, event = object.__new__(TokenizerManager), asyncio.Event()
+        state = SimpleNamespace(out_list=[], finished=False, event=event, get_text=lambda: "",
+                                time_stats=SimpleNamespace(response_sent_to_client_time=1.0),
+                                customized_info_accumulated={}, customized_info_reported_keys=set())
+        obj = SimpleNamespace(rid="r0", stream=False, background=False,
+                              sampling_params={"custom_params": custom_params})
+        vars(tm).update(rid_to_state={"r0": state}, server_args=SimpleNamespace(incremental_streaming_output=False),
+                        incremental_streaming_output=False, request_logger=Null(),
+                        request_metrics_exporter_manager=Null())
+
+        async def feed():   # the detokenizer's side: each output appended, the state's event set
+            for i, out in enumerate(outs):
+                await asyncio.sleep(0)
+                state.out_list.append(out)
+                state.finished = i == len(outs) - 1
+                event.set()
+                await asyncio.sleep(0.01)
+        task = asyncio.create_task(feed())
+        got = [out async for out in TokenizerManager._wait_one_response(tm, obj, None)]
+        await task
+        return got
+
+    return asyncio.run(answers())
+
+
+@scenario
+def retraction_state_stamped():
+    # A finished answer carrying routed experts names the rule of its rows (sampling-time by default).
+    from sglang_patches.fixes.retraction_rows import META_KEY, SAMPLING_TIME
+
+    got = wait_one_response([{"text": "x", "meta_info": {"routed_experts": "AAAA", "finish_reason": None}}])
+    keys = [sorted(out["meta_info"]) for out in got]
+    rule = [out["meta_info"].get(META_KEY) for out in got]
+    return {"ok": rule == [SAMPLING_TIME], "detail": f"answer meta_info keys {keys}, {META_KEY} {rule}"}
+
+
 # scenario -> the rows stock SGLang returns (the re-prefill's rows for the pre-retraction positions)
 EXPECT_STOCK = {
     "retraction_rows_kept": "routed rows [530, 531, 532, 533, 534, 535, 536, 637]",
@@ -391,6 +486,8 @@ EXPECT_STOCK = {
                                       "the kept [[4, 5], [7, 5], [1, 5], [7, 1], [0, 2], [7, 2]]",
     "retraction_routes_dp_padded": "re-prefill routes [[7, 6], [4, 2], [7, 3], [5, 4], [6, 7], [5, 4]], want "
                                    "the kept [[2, 1], [1, 7], [1, 5], [7, 1], [0, 2], [7, 2]]",
+    "retraction_state_stamped": "answer meta_info keys [['finish_reason', 'routed_experts']], "
+                                "routed_experts_retraction [None]",   # no key: the client cannot tell
 }
 
 
