@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from rollout.routed_experts import decode_compact, slime_compact, to_slime_shape
-from rollout.slime import attach
+from rollout.slime import attach, flags
 from rollout.slime.types import RolloutFnTrainOutput, Sample
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
@@ -290,6 +290,7 @@ class _Sink:
 
 def generate_rollout(args, rollout_id, data_source, evaluation=False):
     """slime `--rollout-function-path` (and, by slime's default, `--eval-function-path`) entry point."""
+    flags.refuse(args)   # a slime flag plugin mode cannot apply, set away from slime's default: one line
     if evaluation:
         return _slime("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
