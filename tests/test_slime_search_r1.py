@@ -8,6 +8,7 @@ first turn of a sample, an answer after), slime's router (discovery only) and th
 127.0.0.1:8000/retrieve that the example's config names (answering retrieval_server.py's shape).
 """
 import asyncio
+import importlib
 import os
 import sys
 
@@ -71,7 +72,7 @@ def test_search_r1_runs_unmodified_through_plugin_mode(tiny_model, search_server
     src = os.environ.get("SLIME_SRC") or os.path.dirname(os.path.dirname(
         __import__("slime").__file__))
     sys.path.insert(0, os.path.join(src, "examples", "search-r1"))
-    import generate_with_search
+    generate_with_search = importlib.import_module("generate_with_search")   # slime's example, from SLIME_SRC
     from slime.utils.types import Sample
     from transformers import AutoTokenizer
 
