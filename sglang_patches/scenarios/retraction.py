@@ -32,7 +32,7 @@ def scenario(fn):
 
 
 class DuckReq(SimpleNamespace):
-    """The fields of a Req that retraction and collection read; every other field unset (None)."""
+    """A duck-typed SGLang object (a Req, a batch, a forward's result): the fields given, every other unset (None)."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
