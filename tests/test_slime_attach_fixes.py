@@ -113,3 +113,23 @@ def test_a_worker_whose_server_info_fails_is_left_out_until_it_answers(workers):
     bad.routes["/server_info"] = good_info
     bad.server_info["internal_states"] = [{REPORT_KEY: BAD}]
     assert _refusal(router).startswith(f"engine {bad.url}: phase 'fix report' failed")   # read at the next step
+
+
+def test_prefill_decode_workers_behind_the_router_are_checked_too(monkeypatch):
+    """PD disaggregation sends through the router (only it pairs them): the workers it lists are admitted."""
+    monkeypatch.delenv("SLIME_MOE_ROLLOUT_ALLOW_UNFIXED", raising=False)
+    monkeypatch.delenv("SLIME_MOE_ROLLOUT_CONFIG", raising=False)
+    prefill, decode = StandInWorker().start(), StandInWorker().start()
+    decode.server_info["internal_states"] = [{REPORT_KEY: BAD}]
+    router = StandInRouter([(prefill.url, "prefill"), (decode.url, "decode")]).start()
+    try:
+        slime_adapter.reset()
+        slime_adapter.set_tokenizer(None)
+        assert _refusal(router, use_rollout_routing_replay=False).startswith(
+            f"engine {decode.url}: phase 'fix report' failed (budget 0 s): refused: needed fixes not active: "
+            "routed-experts-rows disabled")
+        assert router.requests == []
+    finally:
+        slime_adapter.reset()
+        for srv in (router, prefill, decode):
+            srv.stop()

@@ -139,10 +139,11 @@ class RouterWorkers:
     """The manager's `discover`: who slime's router lists now. Regular healthy workers are sent to; with
     prefill/decode workers only (PD disaggregation) the router stays the one endpoint (only it pairs them).
     Stragglers are aborted on every listed worker, as slime's abort does (a router has no /abort_request).
-    Each worker sent to is admitted once, when first listed, by the fix report in its `/server_info`
-    (`readiness.fix_refusal`, as the main job's engines); one whose needed fixes are not good raises
-    `ReadinessError` naming it and the fix, unless `unfixed` allows it. A worker whose `/server_info` does
-    not answer is left out until a later listing reads it."""
+    Each worker (sent to, or each prefill/decode worker behind the router) is admitted once, when first
+    listed, by the fix report in its `/server_info` (`readiness.fix_refusal`, as the main job's engines);
+    one whose needed fixes are not good raises `ReadinessError` naming it and the fix, unless `unfixed`
+    allows it. A worker whose `/server_info` does not answer is not admitted (a regular one is not sent to)
+    until a later listing reads it."""
 
     def __init__(self, router: str, api_key=None, unfixed: tuple = (False, f"{ALLOW_UNFIXED_ENV}=1")):
         self.router, self.api_key, self.unfixed = router, api_key, unfixed
@@ -155,8 +156,9 @@ class RouterWorkers:
         """(endpoints to send to, endpoints to abort on) as the router lists them now; an unreachable router
         raises `EngineUnreachable` naming it."""
         send, abort = self.split(await client.list_workers(Endpoint(str(self), self.router, None)))
-        self.admitted &= {e.name for e in send}   # a worker that left is checked again when it returns
-        new = [e for e in send if e.name not in self.admitted and e.url != self.router]
+        workers = abort if [e.url for e in send] == [self.router] else send   # PD: the workers behind it
+        self.admitted &= {e.name for e in workers}   # a worker that left is checked again when it returns
+        new = [e for e in workers if e.name not in self.admitted]
         unread = set()
         for e, info in zip(new, await asyncio.gather(*(self._server_info(client, e) for e in new))):
             if info is None:
