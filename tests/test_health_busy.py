@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from aiohttp import web
 from support.fake_sglang import FakeSGLang
@@ -88,9 +89,15 @@ def test_scheduler_cpu_sees_work_and_sigstop():
     (the real names, `sglang::scheduler...`, are checked on the real engine)."""
     code = ("open('/proc/self/comm','w').write('scheduler_TP0')\n"
             "import time\nwhile True: sum(range(10000))\n")
-    child = subprocess.Popen([sys.executable, "-c", code])
-    eng = type("Local", (), {"backend": "local", "pid": os.getpid()})()
+    # a parent of its own: only its tree counts (not another test's engine still stopping under pytest)
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, "
+                               "'-c', sys.argv[1]])", code], start_new_session=True)
+    eng = type("Local", (), {"backend": "local", "pid": parent.pid})()
     try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = psutil.Process(parent.pid).children()
         time.sleep(1.0)
         cpu0, stopped0 = scheduler_cpu(eng)
         time.sleep(0.5)
@@ -101,8 +108,8 @@ def test_scheduler_cpu_sees_work_and_sigstop():
         time.sleep(0.5)
         cpu3, _ = scheduler_cpu(eng)
     finally:
-        child.kill()
-        child.wait()
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
     assert cpu0 is not None and cpu1 > cpu0 and not stopped0
     assert stopped2 and cpu3 == cpu2
     assert scheduler_cpu(RemoteEngine("http://x")) == (None, False)

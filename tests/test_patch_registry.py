@@ -157,16 +157,17 @@ def test_unknown_marker_edit_refuses_with_one_line():
 def test_plugin_logs_one_line_and_hooks_nothing_on_unknown_variant(monkeypatch, caplog):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_patches import plugin
+    from sglang_patches import plugin, report
 
     monkeypatch.setattr(registry, "VARIANTS", (registry.Variant("0.5.23", "0.5.23", "v0_5_23", {
         registry.MODEL_RUNNER_FORWARD: "0000000000000000"}),))
     monkeypatch.setattr(plugin, "_registered", [])
+    monkeypatch.setattr(report, "_found", {})
     registered = []
     monkeypatch.setattr(HookRegistry, "register", lambda *a, **kw: registered.append(a))
     with caplog.at_level("WARNING", logger="slime_moe_rollout"):
         assert plugin.register() == []
-    assert registered == []
+    assert [a[0] for a in registered] == [report.STATE]   # only the read-only fix report: no fix hooked
     assert [r.getMessage() for r in caplog.records] == [
         "slime-moe-rollout: no fixes applied: SGLang 0.5.23 with an unknown edit: markers "
         "ModelRunner.forward " + fingerprint(registry.MODEL_RUNNER_FORWARD) + " match no reviewed variant (0.5.23)"]

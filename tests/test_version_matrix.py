@@ -123,11 +123,14 @@ def test_latent_defect_on_variant(variant, scenario):
 
 
 def test_unreviewed_version_gets_one_line_and_no_hook():
-    """0.5.14 (never reviewed): the plugin logs one line and registers nothing."""
-    code = ("import logging, sys; from unittest import mock; from sglang_patches import plugin, registry; "
-            "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s'); "
-            "from sglang.srt.plugins.hook_registry import HookRegistry; "
-            "reg = mock.patch.object(HookRegistry, 'register', side_effect=AssertionError('hooked')); reg.start(); "
+    """0.5.14 (never reviewed): the plugin logs one line and hooks no fix (only the read-only fix report,
+    which tells admission why)."""
+    code = ("import logging, sys; from unittest import mock; from sglang_patches import plugin, registry, report\n"
+            "logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format='%(message)s')\n"
+            "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+            "def reg(target, *a, **kw):\n"
+            "    if target != report.STATE: raise AssertionError('hooked ' + target)\n"
+            "mock.patch.object(HookRegistry, 'register', side_effect=reg).start()\n"
             "mock.patch.object(registry, 'sglang_version', lambda: '0.5.14').start(); print(plugin.register())")
     r = subprocess.run([sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
