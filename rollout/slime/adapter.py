@@ -307,17 +307,20 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     sink = _Sink(args, pending, backend.layout, want)
     results = []
 
+    def admit(slime_groups: list) -> list:   # manager groups for slime's; `pending` pairs them
+        _refuse_multimodal(slime_groups)
+        groups = [_manager_group(backend, g, tokenizer) for g in slime_groups]
+        pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, slime_groups))
+        return groups
+
     def refill() -> list:   # slime: while remaining_batch_size < target, submit over_sampling_batch_size more
         out = []
         while sink.started < want:
             got = data_source.get_samples(over)
             if not got:
                 break
-            _refuse_multimodal(got)
+            out += admit(got)
             sink.started += len(got)
-            groups = [_manager_group(backend, g, tokenizer) for g in got]
-            pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, got))
-            out += groups
         return out
     while len(sink.groups) < want:
         carried = len(backend.carried)
@@ -328,9 +331,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
                 break
             new_groups += got
         sink.started = len(sink.groups) + carried + len(new_groups)
-        _refuse_multimodal(new_groups)
-        groups = [_manager_group(backend, g, tokenizer) for g in new_groups]
-        pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, new_groups))
+        groups = admit(new_groups)
         results.append(_loop().run(_step(backend, groups, sink, want - len(sink.groups), refill)))
         if not new_groups and not carried:
             break
