@@ -186,17 +186,32 @@ async def _call_rm(args, name: str, value):
 
 
 async def _finish_group(args, group: list) -> list:
-    """What slime's generate_and_rm / generate_and_rm_group do after generation: each sample's hooks and
-    reward concurrently (slime runs one task per sample), or `batched_async_rm` once with `--group-rm`."""
-    group = list(await asyncio.gather(*(_hooks(args, s) for s in group)))
+    """What slime's generate_and_rm / generate_and_rm_group do after generation: per sample, concurrently (slime
+    runs one task per sample), its hooks then its reward (`batched_async_rm` over a custom generate function's
+    `list[Sample]`; none for ABORTED); with `--group-rm`, `batched_async_rm` once over the group."""
+    async def one(s):
+        s = await _hooks(args, s)
+        if getattr(args, "group_rm", False):
+            return s
+        if isinstance(s, list):
+            if not any(x.status == x.Status.ABORTED for x in s):
+                need = [x for x in s if x.reward is None]
+                for x, r in zip(need, await _call_rm(args, "batched_async_rm", need)):
+                    x.reward = r
+        elif s.status != Sample.Status.ABORTED and s.reward is None:
+            s.reward = await _call_rm(args, "async_rm", s)
+        return s
+    group = list(await asyncio.gather(*(one(s) for s in group)))
     if getattr(args, "group_rm", False):
         for s, r in zip(group, await _call_rm(args, "batched_async_rm", group)):
             s.reward = r
-        return group
-    todo = [s for s in group if s.status != Sample.Status.ABORTED and s.reward is None]
-    for s, r in zip(todo, await asyncio.gather(*(_call_rm(args, "async_rm", s) for s in todo))):
-        s.reward = r
     return group
+
+
+def on_one_rank(samples) -> bool:
+    """Whether every attempt of these manager samples ran on one placed (engine, DP rank)."""
+    seats = {(e, s.dp_rank) for s in samples for e in s.engines}
+    return len(seats) == 1 and next(iter(seats))[1] is not None
 
 
 def _drop_failed(args) -> bool:
@@ -265,8 +280,7 @@ class _Sink:
                 self.changed.notify_all()
         if not kept:
             return False
-        seats = {(e, s.dp_rank) for s in group.samples for e in s.engines}
-        self.on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
+        self.on_one_rank += on_one_rank(group.samples)
         return True
 
     async def _finish(self, group, slime_group) -> bool:

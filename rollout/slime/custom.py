@@ -192,27 +192,6 @@ async def run_groups(args, front: Front, groups: list, load) -> list:
         args.sglang_router_ip, args.sglang_router_port = saved
 
 
-async def _finish(args, group: list, adapter) -> list:
-    """slime's generate_and_rm after generation, per function result: hooks, then the reward (`batched_async_rm`
-    on a `list[Sample]`; none for ABORTED); `--group-rm`: one batched reward over the group."""
-    async def one(s):   # per sample, concurrently, as slime's per-sample tasks
-        s = await adapter._hooks(args, s)
-        if not getattr(args, "group_rm", False):
-            if isinstance(s, list):
-                if not any(x.status == x.Status.ABORTED for x in s):
-                    need = [x for x in s if x.reward is None]
-                    for x, r in zip(need, await adapter._call_rm(args, "batched_async_rm", need)):
-                        x.reward = r
-            elif s.status != s.Status.ABORTED and s.reward is None:
-                s.reward = await adapter._call_rm(args, "async_rm", s)
-        return s
-    out = list(await asyncio.gather(*(one(s) for s in group)))
-    if getattr(args, "group_rm", False):
-        for s, r in zip(out, await adapter._call_rm(args, "batched_async_rm", out)):
-            s.reward = r
-    return out
-
-
 def generate_rollout(args, data_source):
     """Plugin mode's training step when a custom generate function is set: groups fetched
     `over_sampling_batch_size` at a time until `rollout_batch_size` are kept (slime's dynamic filter applies),
@@ -241,15 +220,15 @@ def generate_rollout(args, data_source):
         async def step():
             await backend.relist()
             done = await run_groups(args, front, got, adapter._load)
-            return list(await asyncio.gather(*(_finish(args, g, adapter) for g in done)))
+            return list(await asyncio.gather(*(adapter._finish_group(args, g) for g in done)))
         finished = loop.run(step())
         for gid, g in zip(gids, finished):
-            seats = {(e, t.dp_rank) for t in front.close_group(gid) for e in t.engines}
+            together = adapter.on_one_rank(front.close_group(gid))
             seen.append(g)
             if len(kept) >= want or filt.drop(args, g, len(kept) + len(got), want):
                 continue
             kept.append(g)
-            on_one_rank += len(seats) == 1 and next(iter(seats))[1] is not None
+            on_one_rank += together
     first = lambda g: (g[0][0] if isinstance(g[0], list) else g[0]).index or 0   # noqa: E731
     data = sorted(kept, key=first)
     if getattr(args, "rollout_sample_filter_path", None):
