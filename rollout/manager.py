@@ -50,7 +50,7 @@ def engine_source(cfg=None, backend=None, model_path: Optional[str] = None, *, e
         return AttachedWorkers(endpoints, discover, empty_wait_s)
     r = cfg.rollout
     return ManagedFleet(engine_specs(cfg, model_path, api_key=api_key, ports=ports), backend, r.budgets, r.health,
-                        **fleet)
+                        allow_unfixed=r.allow_unfixed, **fleet)
 
 
 @dataclass(frozen=True)

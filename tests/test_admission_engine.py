@@ -21,11 +21,10 @@ UNREVIEWED = "SGLang 0.5.23: no fixes applied: SLIME_MOE_ROLLOUT_REVIEW_AS=0.0.0
 
 def _admit(engine, allow: bool):
     b = budgets()
-    b._allow_unfixed = allow   # as RolloutConfig sets it from rollout.allow_unfixed
 
     async def run():
         async with EngineClient() as client:
-            return await wait_ready(engine, b, client)
+            return await wait_ready(engine, b, client, allow_unfixed=allow)
     return asyncio.run(run())
 
 

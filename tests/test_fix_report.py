@@ -66,7 +66,7 @@ def _admit(info, allow):
     from training_configs.schema import RolloutConfig
 
     r = RolloutConfig(batch_size=1, n_samples_per_prompt=1, allow_unfixed=allow)
-    _admit_fixes(_engine(), r.budgets, ReadyInfo(1, None, server_info=info), NullView())
+    _admit_fixes(_engine(), r.allow_unfixed, ReadyInfo(1, None, server_info=info), NullView())
 
 
 BAD = {"internal_states": [{REPORT_KEY: {"sglang_version": "0.5.23", "refusal": None, "fixes": [
@@ -86,3 +86,13 @@ def test_admission_refuses_in_one_line_and_the_switch_says_so(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["e-0: admitted WITHOUT its fixes (rollout.allow_unfixed: true): needed fixes not active: "
                    "routed-experts-rows disabled (disabled by SLIME_MOE_ROLLOUT_DISABLE)"]
+
+
+def test_the_config_switch_reaches_the_fleets_admission():
+    from rollout import config as rconfig
+    from rollout.manager import engine_source
+
+    cfg = rconfig.load("a")
+    for allow in (False, True):
+        cfg.rollout.allow_unfixed = allow
+        assert engine_source(cfg, backend=object(), model_path="/m", ports=[31234]).allow_unfixed is allow

@@ -250,12 +250,6 @@ class ReadinessBudgets(_Model):
     server_up_s: float = Field(1800.0, ge=0.1)
     health_generate_s: float = Field(600.0, ge=0.1)
     dp_probe_s: float = Field(300.0, ge=0.1)
-    _allow_unfixed: bool = PrivateAttr(False)   # rollout.allow_unfixed, set by RolloutConfig for readiness
-
-    @property
-    def allow_unfixed(self) -> bool:
-        return self._allow_unfixed
-
     @property
     def total_s(self) -> float:
         return self.process_s + self.http_s + self.server_up_s + self.health_generate_s + self.dp_probe_s
@@ -289,7 +283,6 @@ class RolloutConfig(_Model):
         problem = keyless_network_problem(self)
         if problem:
             raise ValueError(problem)
-        self.budgets._allow_unfixed = self.allow_unfixed
         return self
 
 

@@ -138,7 +138,8 @@ def _launch(args) -> int:
     print(f"engine {spec.name} ({cfg.name}): {spec.url}, log {log}", flush=True)
     try:
         with progress_bar(console) as progress:
-            engine, ready = start_ready(backend, spec, cfg.rollout.budgets, RichView(progress))
+            engine, ready = start_ready(backend, spec, cfg.rollout.budgets, RichView(progress),
+                                        allow_unfixed=cfg.rollout.allow_unfixed)
     except (ReadinessError, EngineStartError) as e:  # the engine did not start: its log tail, one line, exit 1
         return start_failure(console, e)
     tree = engine.tree_pids()

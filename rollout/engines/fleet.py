@@ -34,12 +34,13 @@ class Restarts:
 class ManagedFleet(EngineSource):
     def __init__(self, specs, backend, budgets, health, *, view=None, restart_view=None,
                  weight_sync_hook: Optional[WeightHook] = None, restarts: Restarts = Restarts(), probe=None,
-                 max_events: int = 10000):
+                 max_events: int = 10000, allow_unfixed: bool = False):
         """`view`: start-up progress (`restart_view`, default the same: restarted engines); `probe`: the
         health probe (default `http_probe` over the pool's client)."""
         super().__init__(max_events)
         self.specs = {s.name: s for s in specs}
         self.backend, self.budgets, self.health_cfg = backend, budgets, health
+        self.allow_unfixed = allow_unfixed   # rollout.allow_unfixed: admit engines without their needed fixes
         self.view = view or NullView()
         self.restart_view = restart_view or self.view
         self.weight_sync_hook, self.restarts, self._probe = weight_sync_hook, restarts, probe
@@ -79,7 +80,8 @@ class ManagedFleet(EngineSource):
         self.engines[spec.name] = engine
         self.events.log(spec.name, EngineEvent.STARTED, f"pid {engine.pid}")
         try:
-            info = await wait_ready(engine, self.budgets, self.pool.client, self.restart_view if restart else self.view)
+            info = await wait_ready(engine, self.budgets, self.pool.client, self.restart_view if restart else self.view,
+                                    allow_unfixed=self.allow_unfixed)
             if restart and self.weight_version is not None:
                 await self._check_weights(engine, info.weight_version)
         except BaseException:

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rollout.engines.client import EngineClient
 from sglang_patches.report import problem as fix_problem
 
+from rollout.engines.client import EngineClient
 from rollout.errors import ApiKeyRejected, EngineRejected, EngineUnreachable, short_error
 
 POLL_S = 0.2
@@ -137,14 +137,14 @@ class LineView:
         self.say(f"{engine}: FAILED: {message}")
 
 
-def start_ready(backend, spec, budgets, view=None) -> tuple:
+def start_ready(backend, spec, budgets, view=None, allow_unfixed: bool = False) -> tuple:
     """Start one engine with `backend` and wait until every phase passed (blocking: tools, tests,
     benchmarks). Returns (engine, ReadyInfo); on any failure the engine is stopped and the error raised."""
     engine = backend.start(spec)
 
     async def wait():
         async with EngineClient() as client:
-            return await wait_ready(engine, budgets, client, view)
+            return await wait_ready(engine, budgets, client, view, allow_unfixed=allow_unfixed)
 
     try:
         return engine, asyncio.run(wait())
@@ -192,8 +192,9 @@ async def probe_dp_rank(client: EngineClient, engine, rank: Optional[int], timeo
 
 
 async def wait_ready(engine, budgets, client: EngineClient, view=None,
-                     dp_size: Optional[int] = None) -> ReadyInfo:
-    """Run every phase for one engine; returns ReadyInfo or raises ReadinessError."""
+                     dp_size: Optional[int] = None, allow_unfixed: bool = False) -> ReadyInfo:
+    """Run every phase for one engine; returns ReadyInfo or raises ReadinessError (`allow_unfixed`:
+    `rollout.allow_unfixed`, admit an engine whose needed fixes are not good, saying so)."""
     view = view or NullView()
     info = ReadyInfo(dp_size=dp_size or getattr(engine.spec, "dp_size", 1), weight_version=None)
     t_all = time.monotonic()
@@ -232,14 +233,14 @@ async def wait_ready(engine, budgets, client: EngineClient, view=None,
             view.failed(engine.name, str(e))
             raise ReadinessError(engine.name, ph.label, budget, str(e), engine.log_tail()) from None
         info.phase_s[ph.label] = time.monotonic() - t0
-    _admit_fixes(engine, budgets, info, view)
+    _admit_fixes(engine, allow_unfixed, info, view)
     view.admitted(engine.name, time.monotonic() - t_all)
     return info
 
 
-def _admit_fixes(engine, budgets, info: ReadyInfo, view) -> None:
+def _admit_fixes(engine, allow_unfixed: bool, info: ReadyInfo, view) -> None:
     """Refuse an engine whose report shows a needed fix not good, unless `rollout.allow_unfixed`."""
-    reason = fix_refusal(engine.name, info.server_info, getattr(budgets, "allow_unfixed", False))
+    reason = fix_refusal(engine.name, info.server_info, allow_unfixed)
     if reason is None:
         return
     view.failed(engine.name, reason)
