@@ -53,6 +53,14 @@ async def _engine(name, reply):
     return server, _Eng(name, server.port)
 
 
+async def _segments(d, s, most: int = 40):
+    """Continue `s` segment after segment (each aborted answer is one), as the manager does, at most `most`."""
+    for _ in range(most):
+        await d.run(s)
+        if s.status != "aborted":
+            break
+
+
 @pytest.mark.timeout(60)
 def test_forty_segment_sample_completes_and_failures_in_a_row_still_fail():
     async def main():
@@ -77,18 +85,12 @@ def test_forty_segment_sample_completes_and_failures_in_a_row_still_fail():
                 d = Dispatcher(session, {"max_new_tokens": 40}, capacity=1)     # the default max_attempts
                 await d.admit(plain_eng)
                 s = Sample("p/0", "p", 0, [1, 2])
-                for _ in range(40):
-                    await d.run(s)
-                    if s.status != "aborted":
-                        break
+                await _segments(d, s)
                 assert (s.status, s.error, len(s.response_ids), s.attempts) == ("truncated", None, 40, 40), s.error
                 d = Dispatcher(session, {"max_new_tokens": 40}, capacity=1, max_attempts=2, backoff_s=0.0)
                 await d.admit(eng)
                 s = Sample("g/0", "g", 0, [1, 2])
-                for _ in range(40):
-                    await d.run(s)
-                    if s.status != "aborted":
-                        break
+                await _segments(d, s)
                 assert (s.status, s.error, len(s.response_ids), s.attempts) == ("truncated", None, 40, 80)
                 d2 = Dispatcher(session, {"max_new_tokens": 4}, capacity=1, max_attempts=3, backoff_s=0.0)
                 await d2.admit(eng2)
