@@ -14,6 +14,7 @@ import pytest
 from support import slime_standin
 
 from rollout.slime import adapter as slime_adapter
+from rollout.slime import state as slime_state
 from rollout.slime import Sample
 from test_slime_adapter import (HANG, StandInDataSource, StandInRouter, _args, _check_sample, _worker_rollout,
                                 router)  # noqa: F401  (router: the fixture)
@@ -127,10 +128,10 @@ def slime_loop():
         exec(compile(code, "slime/utils/async_utils.py", "exec"), module.__dict__)
         sys.modules[name] = module
     slime_adapter.reset()
-    slime_adapter._STATE.loop = None
+    slime_state.STATE.loop = None
     yield sys.modules[name]
     slime_adapter.reset()
-    slime_adapter._STATE.loop = None
+    slime_state.STATE.loop = None
     if saved is None:
         sys.modules.pop(name, None)
 

@@ -26,6 +26,9 @@ from aiohttp import web
 
 from rollout.routed_experts import encode_sglang, expand
 from rollout.slime import attach
+from rollout.slime.convert import prompt_ids
+from rollout.slime.sink import Filter, finish_group, on_one_rank
+from rollout.slime.state import ensure, load, loop
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
@@ -196,47 +199,46 @@ def generate_rollout(args, data_source):
     """Plugin mode's training step when a custom generate function is set: groups fetched
     `over_sampling_batch_size` at a time until `rollout_batch_size` are kept (slime's dynamic filter applies),
     every sample through its function, the step's samples as slime returns them."""
-    from rollout.slime import adapter
     from rollout.slime.types import RolloutFnTrainOutput
-    backend, tokenizer = adapter._ensure(args)
-    loop = adapter._loop()
+    backend, tokenizer = ensure(args)
+    runner = loop()
     front = _FRONT.get("front")
     if front is None or front.backend is not backend or front.tokenizer is not tokenizer:   # attached again
         if front is not None:
-            loop.run(front.stop())
-        front = _FRONT["front"] = loop.run(Front(backend, tokenizer).start())
+            runner.run(front.stop())
+        front = _FRONT["front"] = runner.run(Front(backend, tokenizer).start())
     want = int(args.rollout_batch_size)
     over = int(getattr(args, "over_sampling_batch_size", None) or want)
-    filt = adapter._Filter(args)
-    kept, seen, on_one_rank = [], [], 0
+    filt = Filter(args)
+    kept, seen, placed = [], [], 0
     while len(kept) < want:
         got = data_source.get_samples(over)
         if not got:
             break
-        gids = [backend.new_group(adapter._prompt_ids(g[0], tokenizer)).group_id for g in got]
+        gids = [backend.new_group(prompt_ids(g[0], tokenizer)).group_id for g in got]
         for gid, g in zip(gids, got):
-            front.open_group(gid, adapter._prompt_ids(g[0], tokenizer), g[0].prompt)
+            front.open_group(gid, prompt_ids(g[0], tokenizer), g[0].prompt)
 
         async def step():
             await backend.relist()
-            done = await run_groups(args, front, got, adapter._load)
-            return list(await asyncio.gather(*(adapter._finish_group(args, g) for g in done)))
-        finished = loop.run(step())
+            done = await run_groups(args, front, got, load)
+            return list(await asyncio.gather(*(finish_group(args, g) for g in done)))
+        finished = runner.run(step())
         for gid, g in zip(gids, finished):
-            together = adapter.on_one_rank(front.close_group(gid))
+            together = on_one_rank(front.close_group(gid))
             seen.append(g)
             if len(kept) >= want or filt.drop(args, g, len(kept) + len(got), want):
                 continue
             kept.append(g)
-            on_one_rank += together
+            placed += together
     first = lambda g: (g[0][0] if isinstance(g[0], list) else g[0]).index or 0   # noqa: E731
     data = sorted(kept, key=first)
     if getattr(args, "rollout_sample_filter_path", None):
-        adapter._load(args.rollout_sample_filter_path)(args, data)
+        load(args.rollout_sample_filter_path)(args, data)
     if getattr(args, "rollout_all_samples_process_path", None):
-        adapter._load(args.rollout_all_samples_process_path)(args, sorted(seen, key=first), data_source)
+        load(args.rollout_all_samples_process_path)(args, sorted(seen, key=first), data_source)
     metrics = dict(filt.metrics())
-    metrics.update({"rollout/groups": len(data), "rollout/groups_on_one_rank": on_one_rank,
+    metrics.update({"rollout/groups": len(data), "rollout/groups_on_one_rank": placed,
                     "rollout/custom_generate_requests": front.requests})
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
