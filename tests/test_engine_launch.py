@@ -112,18 +112,20 @@ def test_free_port_skips_a_port_in_use(monkeypatch):
 def test_routed_experts_line_decodes_or_says_why():
     """`engine launch`'s line about the answer's routed experts (the image check reads it)."""
     from rollout.cli.engine import routed_experts_line
+    from rollout.engines.answer import parse
     from rollout.routed_experts.codec import encode_sglang
     from rollout.routed_experts.layout import MoELayout
     from support.synthetic import synthetic_full
 
     cfg = rconfig.load("training_configs/tiny-cpu.yaml")
     full = synthetic_full(7, MoELayout.from_model(cfg.model))   # SGLang's rows: len(tokens) - 1
-    out = {"meta_info": {"prompt_tokens": 5, "routed_experts": encode_sglang(full)}, "output_ids": [1, 2, 3]}
-    assert routed_experts_line(out, cfg) == "routed experts: 7 rows x 2 MoE layers x top-4 for 8 tokens"
-    out["output_ids"] = [1]   # two rows too many for 6 tokens (one more is the accepted stop-edge row)
-    assert routed_experts_line(out, cfg).startswith("routed experts: refused: ")
-    del out["meta_info"]["routed_experts"]
-    assert "routed_experts is missing" in routed_experts_line(out, cfg)
+    meta = {"prompt_tokens": 5, "completion_tokens": 3, "routed_experts": encode_sglang(full)}
+    line = lambda: routed_experts_line(parse("e0", {"text": "", "meta_info": meta}), cfg)   # noqa: E731
+    assert line() == "routed experts: 7 rows x 2 MoE layers x top-4 for 8 tokens"
+    meta["completion_tokens"] = 1   # two rows too many for 6 tokens (one more is the accepted stop-edge row)
+    assert line().startswith("routed experts: refused: ")
+    del meta["routed_experts"]
+    assert "routed_experts is missing" in line()
 
 
 def test_launch_takes_the_first_engine_of_a_multi_engine_config():

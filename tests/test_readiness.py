@@ -324,3 +324,21 @@ def test_health_never_probes_an_engine_that_is_not_admitted():
 
     asyncio.run(go())
     assert probed == []
+
+
+@pytest.mark.parametrize("meta, field", [({"completion_tokens": "1"}, "meta_info.completion_tokens is '1'"),
+                                         ({"completion_tokens": 1, "dp_rank": "one"}, "meta_info.dp_rank is 'one'"),
+                                         (None, "meta_info is missing")])
+def test_a_malformed_probe_answer_is_named_by_its_field(meta, field):
+    """The DP probe reads its answer through rollout.engines.answer: a wrong shape is one line naming the
+    engine and field (was a raw TypeError / ValueError)."""
+    from rollout.engines.answer import BadAnswer
+    from rollout.engines.readiness import probe_dp_rank
+
+    class Client:   # stands in for EngineClient.generate: the malformed 200 body under test
+        async def generate(self, engine, payload, timeout_s):
+            return {"text": "", "meta_info": meta} if meta is not None else {"text": ""}
+
+    engine = type("E", (), {"name": "e0"})()
+    with pytest.raises(BadAnswer, match=f"malformed answer from e0: {field}"):
+        asyncio.run(probe_dp_rank(Client(), engine, 0, 1.0))

@@ -208,6 +208,7 @@ def _sample(engine, prompt: str, n: int, cfg) -> bool:
     did not answer it."""
     import asyncio
 
+    from rollout.engines.answer import parse
     from rollout.engines.client import EngineClient
     from rollout.errors import EngineError
 
@@ -219,26 +220,25 @@ def _sample(engine, prompt: str, n: int, cfg) -> bool:
     body = {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0},
             "return_routed_experts": engine.spec.group.routed_experts}
     try:
-        out = asyncio.run(one())
+        answer = parse(engine.name, asyncio.run(one()))
     except EngineError as e:
         print(f"generate: failed: {e}")
         return False
-    meta = out.get("meta_info", {})
-    extra = f", accept length {meta['spec_accept_length']:.2f}" if "spec_accept_length" in meta else ""
-    print(f"generate: {len(out.get('output_ids', []))} tokens in {time.time() - t0:.2f} s{extra}: {out.get('text')!r}")
+    accept = answer.meta.get("spec_accept_length")
+    extra = f", accept length {accept:.2f}" if isinstance(accept, (int, float)) else ""
+    print(f"generate: {answer.completion_tokens} tokens in {time.time() - t0:.2f} s{extra}: {answer.text!r}")
     if engine.spec.group.routed_experts:
-        print(routed_experts_line(out, cfg))
+        print(routed_experts_line(answer, cfg))
     return True
 
 
-def routed_experts_line(out: dict, cfg) -> str:
+def routed_experts_line(answer, cfg) -> str:
     """What the answer's routed experts decode to (the manager's decoder and checks), or why they do not."""
     from rollout.routed_experts.layout import MoELayout
     from rollout.routed_experts.merge import sample_routed_experts
 
-    meta = out.get("meta_info", {})
-    num_tokens = int(meta.get("prompt_tokens", 0)) + len(out.get("output_ids", []))
-    arr, reason = sample_routed_experts(meta, num_tokens, MoELayout.from_model(cfg.model))
+    num_tokens = answer.prompt_tokens + answer.completion_tokens
+    arr, reason = sample_routed_experts(answer.meta, num_tokens, MoELayout.from_model(cfg.model))
     if reason:
         return f"routed experts: refused: {reason}"
     return f"routed experts: {arr.shape[0]} rows x {arr.shape[1]} MoE layers x top-{arr.shape[2]} for {num_tokens} tokens"

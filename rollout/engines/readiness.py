@@ -23,6 +23,7 @@ from typing import Optional
 
 from sglang_patches.report import problem as fix_problem
 
+from rollout.engines.answer import BadAnswer, parse
 from rollout.engines.client import EngineClient
 from rollout.errors import ApiKeyRejected, EngineRejected, EngineUnreachable, short_error
 
@@ -181,12 +182,13 @@ async def probe_dp_rank(client: EngineClient, engine, rank: Optional[int], timeo
     payload = {"input_ids": [token_id], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
     if rank is not None:
         payload["routed_dp_rank"] = rank
-    out = await client.generate(engine, payload, timeout_s=timeout_s)
-    meta = out.get("meta_info", {})
-    if not meta.get("completion_tokens", 0) >= 1:
+    answer = parse(engine.name, await client.generate(engine, payload, timeout_s=timeout_s))
+    if answer.completion_tokens < 1:
         raise NoToken(f"DP rank {rank}: no token generated")
-    served = meta.get("dp_rank")
-    if rank is not None and served is not None and int(served) != rank:
+    served = answer.meta.get("dp_rank")
+    if served is not None and type(served) is not int:
+        raise BadAnswer(engine.name, "meta_info.dp_rank", f"is {served!r}, not a rank")
+    if rank is not None and served is not None and served != rank:
         raise WrongRank(f"DP rank {rank}: the probe was served by DP rank {served}")
     return served
 
