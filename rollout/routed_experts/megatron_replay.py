@@ -10,6 +10,13 @@ T-1 routing rows and one padding row for its last token; ``pad_to_multiple`` app
 rows so the total matches a padded packed sequence. Padding rows get routes spread over experts
 and ``ep_size`` ranks (``replay_padding``), not slime's fixed block that overloads one EP rank.
 CP / sequence-parallel slicing is not done here (the same row slicing as for tokens applies).
+
+MTP layers (``mtp_num_layers``): each MTP layer's ``TopKRouter`` registers a ``RouterReplay`` too, after
+the decoder's (megatron-core 0.16.1 builds ``GPTModel.mtp`` after ``decoder``), but SGLang captures the
+target model's layers only, so there is no captured route for it: ``set_replay_data`` with one tensor
+per MoE layer raises its count error, and an MTP router in ``REPLAY_FORWARD`` has no target.
+``load_replay(..., model=)`` takes the MTP routers out of replay first (``exclude_mtp_routers``): they
+route on their own, as NeMo-RL does; the decoder routers get the captured rows.
 """
 from typing import Optional, Sequence
 
@@ -53,10 +60,42 @@ def pack_replay_indices(samples: Sequence, layout: MoELayout, token_lengths: Opt
     return [torch.from_numpy(np.ascontiguousarray(out[:, j])).to(dtype) for j in range(len(local))]
 
 
-def load_replay(samples: Sequence, layout: MoELayout, **kwargs) -> list:
-    """``pack_replay_indices`` then ``RouterReplay.set_replay_data`` (megatron-core imported here)."""
+def mtp_routers(model) -> list:
+    """The ``TopKRouter``s inside megatron's MTP layers of ``model`` (a module or a list of model chunks)."""
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    return [r for chunk in chunks for layer in chunk.modules() if isinstance(layer, MultiTokenPredictionLayer)
+            for r in layer.modules() if isinstance(r, TopKRouter)]
+
+
+def exclude_mtp_routers(model) -> int:
+    """Take ``model``'s MTP routers out of router replay (they route on their own). Returns how many."""
     from megatron.core.transformer.moe.router_replay import RouterReplay
+    instances = RouterReplay.global_router_replay_instances
+    n = 0
+    for r in mtp_routers(model):
+        if r.router_replay is not None:
+            instances[:] = [i for i in instances if i is not r.router_replay]
+            r.router_replay = None
+            n += 1
+    return n
+
+
+def load_replay(samples: Sequence, layout: MoELayout, model=None, **kwargs) -> list:
+    """``pack_replay_indices`` then ``RouterReplay.set_replay_data`` (megatron-core imported here).
+
+    ``model``: the trainer's model (chunks); with MTP layers it is needed (``exclude_mtp_routers``).
+    """
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+    if model is not None:
+        exclude_mtp_routers(model)
     per_layer = pack_replay_indices(samples, layout, **kwargs)
+    replaying = len(RouterReplay.global_router_replay_instances)
+    if len(per_layer) != replaying:
+        raise RoutedExpertsError(
+            f"routing for {len(per_layer)} MoE layers, but {replaying} routers replay"
+            + ("" if model is not None else " (MTP layers? pass model= so that MTP routers route on their own)"))
     RouterReplay.set_replay_data(per_layer)
     return per_layer
 
