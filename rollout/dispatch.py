@@ -14,7 +14,8 @@ an engine admitted with `compact` is asked for them in the plugin's compact form
 Options for callers that speak for another trainer (the slime adapter): `seeds` (per-index
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
 per-call `sampling` override of `run`. Every HTTP call goes through the engine client (`engines.client`).
-Which engine gets a sample is decided in one place, `place`: with a `Placement` (rollout/placement.py) each sample goes to the
+Which engines are admitted, their DP ranks and load in flight live in one place, `engines.state.EngineTable`
+(`self.engines`; placement and the sources read it). Which engine gets a sample is decided in one place, `place`: with a `Placement` (rollout/placement.py) each sample goes to the
 (engine, DP rank) it places it on, waiting for that engine's free slot, instead of the least-outstanding engine.
 """
 from __future__ import annotations
@@ -28,22 +29,12 @@ from typing import Optional
 from rollout.engines.answer import Answer, BadAnswer, parse
 from rollout.engines.client import EngineClient
 from rollout.engines.readiness import dp_ranks as dp_ranks_of
+from rollout.engines.state import EngineEntry, EngineTable
 from rollout.errors import (DispatcherClosed, EngineError, EngineLost, EngineRejected, EngineUnreachable, one_line,
                             short_error)
 from rollout.placement import Placement
 from rollout.routed_experts import MoELayout, continuation_start, engine_offers, opt_in, sample_routed_experts
 from rollout.types import FINISH_STATUS, Sample, SampleStatus
-
-
-class _Slot:
-    def __init__(self, engine, capacity):
-        self.engine, self.capacity = engine, capacity
-        self.outstanding = self.served = 0            # attempts in flight, answered
-        self.suspect_until = 0.0                      # after a connection error or a malformed answer: avoid a moment
-        self.inflight: dict[str, asyncio.Task] = {}   # rid -> the task awaiting that attempt
-        self.lost: set = set()                        # rids cancelled by remove()
-        self.version: Optional[str] = None            # weight version the engine reported last
-        self.compact = False                          # ask for compact routed experts (engine advertises them)
 
 
 class Dispatcher:
@@ -61,34 +52,44 @@ class Dispatcher:
         self.on_error = on_error               # async (engine) -> None, after a connection-level error
         self.request_timeout_s = request_timeout_s
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
-        self.slots: dict[str, _Slot] = {}
+        self.engines = EngineTable()           # admitted engines, their ranks and load: the one owner
         self._cond = asyncio.Condition()
         # futures of samples waiting for a slot, FIFO: per placed engine, or under None for any engine
         self._waiters: dict[Optional[str], collections.deque] = {}
         self.placement = placement             # group placement, or None: least-outstanding engine per sample
+        if placement is not None:
+            self.engines.listen(admitted=lambda e: placement.admit(e.name, e.dp_ranks),
+                                removed=lambda e: placement.remove(e.name))
         self._timer = None             # one wake-up when a suspect slot's pause ends
         self._rid = itertools.count()
         self.resent = 0
         self.unrouted_aborts = 0       # aborted answers without routed experts (queued when aborted)
         self.draining = False          # batch full: send nothing new, let the caller keep the sample
-        self.closed_reason: Optional[str] = None
-        self.routed_formats: dict[str, str] = {}   # engine -> "routed experts: compact" or ": int32 (why)"
 
     @property
     def routed_experts(self) -> bool:
         return self.layout is not None
+
+    @property
+    def slots(self) -> dict[str, EngineEntry]:
+        return self.engines.slots
+
+    @property
+    def closed_reason(self) -> Optional[str]:
+        return self.engines.closed_reason
+
+    @property
+    def routed_formats(self) -> dict[str, str]:
+        return self.engines.routed_formats
 
     # ------------------------------------------------------------------ engines
     async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False,
                     dp_ranks: Optional[int] = None) -> None:
         """`compact`: the engine advertised compact routed experts for this model (asked for per request);
         `dp_ranks`: its attention-DP ranks as readiness probed them (placement pins ranks when > 1)."""
-        if self.placement is not None:
-            self.placement.admit(engine.name, dp_ranks)
         async with self._cond:
-            slot = self.slots[engine.name] = _Slot(engine, self.capacity)
-            slot.version = None if weight_version is None else str(weight_version)
-            slot.compact = bool(compact) and self.routed_experts
+            self.engines.admit(engine, self.capacity, dp_ranks, None if weight_version is None else str(weight_version),
+                               bool(compact) and self.routed_experts)
         self._wake_all()
 
     async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True,
@@ -126,12 +127,10 @@ class Dispatcher:
     async def remove(self, engine) -> int:
         """Take an engine out of rotation; its in-flight attempts fail with EngineLost (re-sent)."""
         async with self._cond:
-            slot = self.slots.get(engine.name)
-            if slot is None or slot.engine is not engine:
+            slot = self.engines.remove(engine)
+            if slot is None:
                 return 0
-            del self.slots[engine.name]
         if self.placement is not None:
-            self.placement.remove(engine.name)
             self._wake_all()             # samples waiting for it are placed again
         n = 0
         for rid, task in list(slot.inflight.items()):
@@ -144,45 +143,35 @@ class Dispatcher:
     async def close(self, reason: str) -> None:
         """No engine will come back: waiting samples fail with `reason`."""
         async with self._cond:
-            self.closed_reason = reason
+            self.engines.close(reason)
         self._wake_all()
 
     async def reopen(self) -> None:
         """Engines are back (e.g. listed again by whoever started them): serve samples again."""
         async with self._cond:
-            self.closed_reason = None
+            self.engines.reopen()
         self._wake_all()
 
     def outstanding(self) -> dict:
-        return {n: s.outstanding for n, s in self.slots.items()}
+        return self.engines.outstanding()
 
     def place(self, sample: Sample) -> Optional[str]:
         """Which engine `sample` must go to (its group's placement), or None: any free engine, the least
         outstanding, then the least served. The one placement decision; the rest of dispatch only books slots."""
         if self.placement is None:
             return None
-        key = self.placement.place(sample, self._cost(sample), self._suspects())
+        key = self.placement.place(sample, self._cost(sample), self.engines.suspects())
         return key and key[0]
 
-    def _take(self, name: Optional[str] = None) -> Optional[_Slot]:
-        """The least-outstanding free slot (of engine `name` when given), taken (no await: atomic on the
-        event loop), or None."""
-        if self.closed_reason:
-            raise DispatcherClosed(self.closed_reason)
-        now = time.monotonic()
-        open_ = [s for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots
-                             else []) if s.outstanding < s.capacity]
-        free = [s for s in open_ if s.suspect_until <= now]
-        if free:
-            slot = min(free, key=lambda s: (s.outstanding, s.served))
-            slot.outstanding += 1
-            return slot
-        if open_ and self._timer is None:  # only suspects are free: wake the waiters when the first pause ends
-            paused = min(s.suspect_until for s in open_)
-            self._timer = asyncio.get_running_loop().call_later(paused - now, self._wake_all)
-        return None
+    def _take(self, name: Optional[str] = None) -> Optional[EngineEntry]:
+        """A free slot (see `EngineTable.take`), taken, or None; when only suspect slots are free, the
+        waiters are woken as the first pause ends."""
+        slot, paused = self.engines.take(name)
+        if paused is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(paused - time.monotonic(), self._wake_all)
+        return slot
 
-    async def _acquire(self, sample: Sample) -> _Slot:
+    async def _acquire(self, sample: Sample) -> EngineEntry:
         """A slot (of the engine `sample` is placed on, with a placement); waits FIFO while none is free
         (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
         pause ends: no polling, no thundering herd)."""
@@ -199,10 +188,6 @@ class Dispatcher:
                 if fut.done() and not fut.cancelled():
                     self._wake_one(name)  # we were handed a wake-up we will not use: pass it on
                 raise
-
-    def _suspects(self) -> set:
-        now = time.monotonic()
-        return {n for n, s in self.slots.items() if s.suspect_until > now}
 
     def _wake_one(self, name: Optional[str] = None) -> None:
         """Wake the first waiter for engine `name`, else the first waiting for any engine."""
@@ -226,9 +211,8 @@ class Dispatcher:
                 if not fut.done():
                     fut.set_result(None)
 
-    def _release(self, slot: _Slot, served: bool = True) -> None:
-        slot.outstanding -= 1
-        slot.served += int(served)
+    def _release(self, slot: EngineEntry, served: bool = True) -> None:
+        slot.release(served)
         self._wake_one(slot.engine.name if self.placement else None)
 
     # ------------------------------------------------------------------ requests
@@ -337,7 +321,7 @@ class Dispatcher:
         sample.t_done = time.monotonic()
         return sample
 
-    async def _placed(self, sample: Sample, slot: _Slot, body: dict) -> bool:
+    async def _placed(self, sample: Sample, slot: EngineEntry, body: dict) -> bool:
         """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there.
         False: the batch filled meanwhile (send nothing)."""
         held = self.placement.current.get(sample.sample_id)

@@ -58,8 +58,7 @@ class Placement:
     def __init__(self, group_size: int, capacity: int, max_groups: int = 4096):
         self.group_size, self.capacity = max(1, group_size), max(1, capacity)
         self.ranks: dict[Key, RankLoad] = {}
-        self.pinned: dict[str, bool] = {}        # engine -> send routed_dp_rank (more than one rank)
-        self.dp: dict[str, int] = {}
+        self.dp: dict[str, int] = {}             # engine -> its DP ranks, as the engine table announced them
         self.groups: collections.OrderedDict[str, _Placed] = collections.OrderedDict()
         self.max_groups = max_groups
         self._avoid = ()
@@ -68,9 +67,10 @@ class Placement:
 
     # ---------------------------------------------------------------- engines
     def admit(self, engine: str, dp_ranks: Optional[int]) -> None:
+        """An engine was admitted (the pool's engine table calls this, and `remove` when it is lost)."""
         n = max(1, int(dp_ranks or 1))
         self.remove(engine)
-        self.dp[engine], self.pinned[engine] = n, n > 1
+        self.dp[engine] = n
         start = sum(v.served for v in self.ranks.values()) // max(1, len(self.ranks))
         for r in range(n):   # a (re-)admitted rank starts level with the others, so it is not flooded
             self.ranks[(engine, r)] = RankLoad(served=start)
@@ -78,11 +78,10 @@ class Placement:
     def remove(self, engine: str) -> None:
         for r in range(self.dp.pop(engine, 0)):
             self.ranks.pop((engine, r), None)
-        self.pinned.pop(engine, None)
 
     def rank_param(self, key: Key) -> Optional[int]:
         """The `routed_dp_rank` to send for `key`, or None (one rank: the engine picks)."""
-        return key[1] if self.pinned.get(key[0]) else None
+        return key[1] if self.dp.get(key[0], 1) > 1 else None
 
     # ---------------------------------------------------------------- placing
     def place(self, sample, cost: int, avoid=()) -> Optional[Key]:

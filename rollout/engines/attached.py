@@ -49,11 +49,11 @@ class AttachedWorkers(EngineSource):
             await asyncio.sleep(0.5)
         self.abort_to = list(abort) or None
         names = {e.name for e in send}
-        for slot in list(pool.slots.values()):
+        for slot in list(pool.engines.slots.values()):
             if slot.engine.name not in names:
                 await pool.remove(slot.engine)
         for e in send:
-            if e.name not in pool.slots:
+            if e.name not in pool.engines.slots:
                 await pool.enlist(e)
         self._listed_at = time.monotonic()
         if send:

@@ -60,6 +60,8 @@ class ManagedFleet(EngineSource):
         probe = self._probe or http_probe(pool.client, self.health_cfg.timeout_s)
         self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures,
                                      server_window_s=self._server_health_window())
+        pool.engines.listen(admitted=lambda e: self.monitor.watch(e.engine),   # what is admitted is watched
+                            removed=lambda e: self.monitor.unwatch(e.engine))
         results = await asyncio.gather(*(self._bring_up(spec) for spec in self.specs.values()),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -88,7 +90,6 @@ class ManagedFleet(EngineSource):
             await asyncio.to_thread(engine.stop)
             raise
         await self.pool.enlist(engine, info.weight_version, ask_version=False, dp_ranks=info.dp_size)
-        self.monitor.watch(engine)
         self.events.log(spec.name, EngineEvent.ADMITTED, self.pool.routed_formats.get(spec.name, ""))
         return engine
 
@@ -117,7 +118,7 @@ class ManagedFleet(EngineSource):
     # ------------------------------------------------------------------ recovery
     async def on_error(self, engine) -> None:
         """A request to `engine` failed at the connection level: if its process is gone, act now."""
-        if not engine.alive() and self.monitor.watched.get(engine.name) is engine:
+        if not engine.alive() and self.monitor.watches(engine):
             self.monitor.unwatch(engine)
             await self._on_dead(engine, engine.exit_reason())
 
@@ -163,7 +164,7 @@ class ManagedFleet(EngineSource):
         self.given_up[name] = cause
         self.events.log(name, EngineEvent.GIVEN_UP, f"{self.restarts.max_restarts} restart(s) failed (last: {cause})")
         others = [t for n, t in self._recoveries.items() if n != name and not t.done()]
-        if not self.pool.slots and not others:
+        if not self.pool.engines.slots and not others:
             reason = "every engine is lost: " + "; ".join(f"{n}: {c}" for n, c in sorted(self.given_up.items()))
             self.events.log(name, EngineEvent.ALL_LOST, reason)
             await self.pool.close(reason)

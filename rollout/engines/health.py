@@ -145,6 +145,9 @@ class HealthMonitor:
     def unwatch(self, engine) -> None:
         self.watched.pop(engine.name, None)
 
+    def watches(self, engine) -> bool:
+        return self.watched.get(engine.name) is engine
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
@@ -157,7 +160,7 @@ class HealthMonitor:
                 pass
 
     async def _declare(self, engine, reason: str) -> None:
-        if self.watched.get(engine.name) is engine:
+        if self.watches(engine):
             self.unwatch(engine)
             await self.on_dead(engine, reason)
 
@@ -171,7 +174,7 @@ class HealthMonitor:
             self._busy.discard(engine.name)
         if NO_ANSWER in detail:  # sglang#35884: SGLang's handler may still run; no second probe beside it
             self._held_until[engine.name] = started + self.server_window_s
-        if self.watched.get(engine.name) is not engine:
+        if not self.watches(engine):
             return
         self.history.append((engine.name, ok, detail))
         if ok:

@@ -1,7 +1,8 @@
 """Which engines exist: an engine source, picked by one factory (`manager.engine_source`).
 
-A source admits engines to a pool (the dispatcher: `admit`, `enlist`, `remove`, `close`, `reopen`,
-`slots`, `client`) and takes them out again; the manager only dispatches and carries groups.
+A source admits engines to a pool (the dispatcher: `admit`, `enlist`, `remove`, `close`, `reopen`, `client`)
+and takes them out again; which are admitted it reads in the pool's engine table (`pool.engines`,
+`engines.state`); the manager only dispatches and carries groups.
 - `fleet.ManagedFleet`: engines this process launches (a backend), admits after phased readiness,
   watches (health monitor) and restarts.
 - `attached.AttachedWorkers`: engines someone else started, at fixed endpoints or as a `discover`
