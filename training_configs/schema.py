@@ -62,6 +62,9 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     partial_rollout: bool         return aborted stragglers with tokens so far
     group_placement: "group"|"sample"  group: each group on one (engine, DP rank), prompt prefilled once;
                                   sample: each sample to the least-busy engine, the engine picks the rank
+    max_weight_version_lag: int|null  slime fully-async rollout: a group whose oldest token is more weight
+                                  versions behind the current one is never delivered (null: no bound)
+    stale_groups: "regenerate"|"drop"  what happens to such a group instead (counted: rollout/stale_groups)
     budgets:                      seconds per readiness phase
       process_s, http_s, server_up_s, health_generate_s, dp_probe_s: float
     health: {interval_s: float, timeout_s: float, failures: int}
@@ -275,6 +278,8 @@ class RolloutConfig(_Model):
     restart_checkpoint: Optional[str] = None
     partial_rollout: bool = True
     group_placement: Literal["group", "sample"] = "group"
+    max_weight_version_lag: Optional[int] = Field(None, ge=0)
+    stale_groups: Literal["regenerate", "drop"] = "regenerate"
     budgets: ReadinessBudgets = Field(default_factory=ReadinessBudgets)
     health: HealthConfig = Field(default_factory=HealthConfig)
 
