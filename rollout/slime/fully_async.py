@@ -1,0 +1,327 @@
+"""slime's fully-async rollout on the rollout manager (for slime's `train_async.py`):
+
+    --rollout-function-path rollout.slime.generate_rollout_fully_async
+
+A pool of groups stays in flight across slime's steps: groups are taken from slime's data source (one at a
+time, as slime's own fully-async worker does) and run by the manager on the adapter's event loop, in the
+background, between the trainer's calls and across its weight updates. The pool holds
+`ceil(concurrency x engines / n_samples_per_prompt)` groups (at least one per engine DP rank), and stops topping
+up while that many finished groups wait for the trainer. Each call returns `rollout_batch_size` finished groups
+(fewer only when the data source runs dry) as soon as they exist, sorted by index; the rest stay for the next
+call. Placement, exactly-once, slime's hooks, rewards, dynamic filter and FAILED handling are plugin mode's
+(`sink.Sink`).
+
+Every sample carries the weight version of every response token: slime's `Sample.weight_versions` as slime
+fills it (one per SGLang answer), and `metadata["weight_version_spans"]`, `[{"version", "start", "end"}, ...]`
+over the response (SGLang's own span format: an answer that spans a weight update says which tokens each
+version sampled; older releases answer one version per answer). Tokens a sample already held when it came from
+slime's buffer take its first `weight_versions` entry (unknown: the oldest).
+
+Staleness bound, `max_weight_version_lag` (`rollout.max_weight_version_lag` in $SLIME_MOE_ROLLOUT_CONFIG, or
+$SLIME_MOE_ROLLOUT_MAX_WEIGHT_VERSION_LAG; unset: no bound): a group whose oldest token was sampled by a version
+older than `current - lag` is never delivered. `rollout.stale_groups` says what happens instead:
+`regenerate` (default: the group starts again from its prompt under the current weights) or `drop` (its prompt
+is not trained). Both are counted: `rollout/stale_groups` per call. It is checked when a group finishes (before
+its reward) and again when the trainer takes it. `current` is the newest version any engine reports
+(`/model_info`) or any answer carried; versions compare as integers (slime's are), else in the order first seen.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+from typing import Optional
+
+from rollout.slime import flags
+from rollout.slime.adapter import _refuse_multimodal
+from rollout.slime.partial import manager_group
+from rollout.slime.sink import Sink, on_one_rank
+from rollout.slime.state import STATE, ensure, loop, slime_helper
+from rollout.slime.types import RolloutFnTrainOutput
+
+__all__ = ["generate_rollout_fully_async", "reset", "staleness", "version_spans"]
+
+LAG_ENV = "SLIME_MOE_ROLLOUT_MAX_WEIGHT_VERSION_LAG"
+POLICY_ENV = "SLIME_MOE_ROLLOUT_STALE_GROUPS"
+POLICIES = ("regenerate", "drop")
+SPANS = "weight_version_spans"
+_NEVER = 1 << 62   # the pool's manager rollouts never fill a batch: nothing is aborted at a call's end
+_POOL: Optional["Pool"] = None
+
+
+def staleness(args) -> tuple:
+    """(max_weight_version_lag or None, "regenerate" | "drop"): the environment, else slime's args
+    (`max_weight_version_lag`, `stale_groups`), else the YAML named by $SLIME_MOE_ROLLOUT_CONFIG."""
+    lag, policy = os.environ.get(LAG_ENV), os.environ.get(POLICY_ENV)
+    lag = getattr(args, "max_weight_version_lag", None) if lag in (None, "") else lag
+    policy = policy or getattr(args, "stale_groups", None)
+    path = os.environ.get("SLIME_MOE_ROLLOUT_CONFIG") or getattr(args, "slime_moe_rollout_config", None)
+    if path and (lag is None or policy is None):
+        from training_configs.schema import load_config
+        r = load_config(path).rollout
+        lag = r.max_weight_version_lag if lag is None else lag
+        policy = policy or r.stale_groups
+    try:
+        lag = None if lag is None else int(lag)
+    except ValueError:
+        raise ValueError(f"max_weight_version_lag {lag!r} is not an integer (${LAG_ENV})") from None
+    if lag is not None and lag < 0:
+        raise ValueError(f"max_weight_version_lag {lag} < 0: give 0 (every token of the current version) or more")
+    policy = policy or "regenerate"
+    if policy not in POLICIES:
+        raise ValueError(f"stale_groups {policy!r}: give one of {', '.join(POLICIES)} (${POLICY_ENV})")
+    return lag, policy
+
+
+def version_spans(ms, held_version=None) -> list:
+    """The weight version of every response token of manager sample `ms`, as SGLang's spans over the response:
+    held tokens (from slime's buffer) `held_version`, then each answer's spans (or its one version)."""
+    spans: list = []
+
+    def add(version, n):
+        if n <= 0:
+            return
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] += n
+        else:
+            start = spans[-1]["end"] if spans else 0
+            spans.append({"version": version, "start": start, "end": start + n})
+    add(held_version, len(ms.response_ids) - sum(n for n, _, _ in ms.outputs))
+    for n, _, meta in ms.outputs:
+        done = 0
+        for span in meta.get("weight_versions") or ():
+            k = min(int(span["end"]), n) - done
+            add(str(span["version"]), k)
+            done += max(0, k)
+        add(None if meta.get("weight_version") is None else str(meta["weight_version"]), n - done)
+    return spans
+
+
+class Versions:
+    """Weight versions in update order: integers compare as such, others in the order first seen."""
+
+    def __init__(self):
+        self.order: dict = {}
+        self.current: Optional[str] = None
+
+    def rank(self, version) -> float:
+        if version is None:
+            return -math.inf   # unknown: the oldest
+        try:
+            return float(int(version))
+        except ValueError:
+            return float(self.order.setdefault(version, len(self.order)))
+
+    def see(self, version) -> None:
+        if version is not None and (self.current is None or self.rank(version) > self.rank(self.current)):
+            self.current = str(version)
+
+    def lag(self, spans_of_group: list) -> float:
+        """How many versions the group's oldest token is behind the current one."""
+        oldest = min((self.rank(s["version"]) for spans in spans_of_group for s in spans), default=math.inf)
+        return 0.0 if self.current is None or oldest == math.inf else self.rank(self.current) - oldest
+
+
+class Pool:
+    """Groups in flight across slime's calls; finished ones wait in `ready` (slime groups, oldest first)."""
+
+    def __init__(self, args, backend, tokenizer, data_source):
+        self.args, self.backend, self.tokenizer, self.data_source = args, backend, tokenizer, data_source
+        self.lag, self.policy = staleness(args)
+        self.sink = Sink(args, STATE.pending, backend.layout, _NEVER)   # plugin mode's per-group steps
+        self.versions = Versions()
+        self.fresh: dict = {}      # manager group id -> the slime group as the data source gave it
+        self.flying: set = set()   # manager group ids started, not finished
+        self.redo: list = []       # stale groups to start again
+        self.ready: list = []      # (slime group, spans per sample, its fresh copy, on one rank)
+        self.tasks: set = set()
+        self.error: Optional[BaseException] = None
+        self.wake = asyncio.Event()
+        self.dry = False           # the data source gave nothing last time
+        self.stale = {"regenerate": 0, "drop": 0}
+        self.one_rank = 0          # delivered groups whose every attempt ran on one (engine, DP rank)
+        self.reported = (dict(self.stale), 0, 0)   # the counters at the previous call's metrics
+        self.size = 1
+
+    def sized(self, want: int) -> None:
+        slots = list(getattr(self.backend.dispatcher, "slots", {}).values())
+        cap = sum(getattr(s, "capacity", self.backend.options.concurrency) for s in slots)
+        ranks = sum(getattr(s, "dp_ranks", 1) for s in slots)
+        self.size = max(1, ranks, math.ceil(cap / self.backend.n_samples))
+        self.want = want
+
+    # ------------------------------------------------------------------ the manager's side
+    def top_up(self) -> list:
+        """Groups to start now: stale ones again, then new ones while the pool has room."""
+        out, self.redo = self._admit(self.redo), []
+        while (len(self.flying) < self.size and len(self.ready) < max(self.size, self.want)
+               and self.error is None):
+            got = self.data_source.get_samples(1)
+            self.dry = not got
+            if not got:
+                break
+            out += self._admit(got, keep=True)
+        return out
+
+    def _admit(self, slime_groups: list, keep: bool = False) -> list:
+        _refuse_multimodal(slime_groups)
+        groups = []
+        for sg in slime_groups:
+            g = manager_group(self.backend, sg, self.tokenizer)
+            self.fresh[g.group_id] = copy.deepcopy(sg) if keep else sg.fresh
+            STATE.pending[g.group_id] = sg
+            self.flying.add(g.group_id)
+            groups.append(g)
+        return groups
+
+    def launch(self, groups: list) -> None:
+        if groups:
+            task = asyncio.ensure_future(self.backend.rollout(groups, self, batch_size=_NEVER, refill=self._refill))
+            self.tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _refill(self) -> list:
+        return self.top_up()
+
+    def _done(self, task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
+        self.wake.set()
+
+    async def put(self, group) -> bool:
+        """The manager's sink: a finished group, stale or ready. Never 'taken' (the pool's rollouts never
+        fill), so the manager asks `top_up` for the next group at once."""
+        self.flying.discard(group.group_id)
+        slime_group = STATE.pending[group.group_id]
+        spans = [version_spans(ms, (s.weight_versions or [None])[0]) for ms, s in zip(group.samples, slime_group)]
+        for sp in spans:
+            for s in sp:
+                self.versions.see(s["version"])
+        if self._stale(group.group_id, spans):
+            STATE.pending.pop(group.group_id, None)
+        else:
+            fresh = self.fresh.pop(group.group_id)
+            if await self.sink.put(group):   # filled, hooks, reward, dynamic filter: as plugin mode
+                self.sink.groups = [g for g in self.sink.groups if g is not slime_group]
+                for s, sp in zip(slime_group, spans):
+                    s.metadata = dict(s.metadata or {}, **{SPANS: sp})
+                self.ready.append((list(slime_group), spans, fresh, on_one_rank(group.samples)))
+        self.sink.all_groups.clear()   # slime's all-samples process is not run here (nor by slime's fully async)
+        self.wake.set()
+        return False
+
+    def _stale(self, group_id, spans) -> bool:
+        """Stale groups are regenerated (from the prompt) or dropped, and counted; never delivered."""
+        if self.lag is None or self.versions.lag(spans) <= self.lag:
+            return False
+        self.stale[self.policy] += 1
+        fresh = self.fresh.pop(group_id)
+        if self.policy == "regenerate":
+            self.redo.append(_Fresh(fresh))
+        return True
+
+    # ------------------------------------------------------------------ the trainer's side
+    async def take(self, want: int) -> list:
+        self.sized(want)
+        await self._current()
+        out: list = []
+        while len(out) < want:
+            if self.error is not None:
+                raise self.error
+            while self.ready and len(out) < want:
+                slime_group, spans, fresh, one = self.ready.pop(0)
+                if self.lag is not None and self.versions.lag(spans) > self.lag:   # went stale while waiting
+                    self.stale[self.policy] += 1
+                    if self.policy == "regenerate":
+                        self.redo.append(_Fresh(fresh))
+                    continue
+                out.append(slime_group)
+                self.one_rank += one
+            self.launch(self.top_up())
+            if len(out) >= want:
+                break
+            if not self.flying and not self.ready and not self.redo and self.dry and not self.tasks:
+                break   # the data source ran dry and nothing is left in flight
+            self.wake.clear()
+            await self.wake.wait()
+        return out
+
+    async def _current(self) -> None:
+        """The version the engines serve now (they say it on /model_info)."""
+        for slot in list(getattr(self.backend.dispatcher, "slots", {}).values()):
+            try:
+                self.versions.see(await self.backend.client.weight_version(slot.engine))
+            except Exception:   # noqa: BLE001 - an engine that does not answer: its answers still count
+                pass
+
+    async def stop(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class _Fresh(list):
+    """A slime group to start again from its prompt (its first copy kept as `fresh`)."""
+
+    def __init__(self, group):
+        super().__init__(copy.deepcopy(group))
+        self.fresh = group
+
+
+def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False):
+    """slime `--rollout-function-path` entry point for `train_async.py` (slime's fully-async contract)."""
+    global _POOL
+    flags.refuse(args)
+    if evaluation:
+        return slime_helper("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
+                                                                       evaluation=True)
+    if getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate"):
+        raise ValueError("rollout.slime.generate_rollout_fully_async runs groups through the manager only: "
+                         "--custom-generate-function-path is not supported here; use rollout.slime.generate_rollout")
+    backend, tokenizer = ensure(args)
+    n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
+    if backend.n_samples != n:
+        raise ValueError(f"backend generates {backend.n_samples} samples per prompt, slime asks for {n}")
+    if _POOL is None or _POOL.backend is not backend or _POOL.data_source is not data_source:
+        if _POOL is not None:
+            loop().run(_POOL.stop())
+        _POOL = loop().run(_new_pool(args, backend, tokenizer, data_source))
+    pool = _POOL
+    data = loop().run(_take(pool, want))
+    data.sort(key=lambda g: g[0].index if g[0].index is not None else 0)
+    if pool.versions.current is not None:
+        backend.set_weight_version(pool.versions.current)   # what a restarted engine must match
+    lags = [pool.versions.lag([s.metadata[SPANS] for s in g]) for g in data]
+    before, pool.reported = pool.reported, (dict(pool.stale), pool.one_rank, pool.sink.failed_groups)
+    metrics = dict(pool.sink.filter.metrics())   # counts since the previous call (the pool runs in between)
+    metrics.update({
+        "rollout/groups": len(data), "rollout/pool_groups": pool.size, "rollout/in_flight_groups": len(pool.flying),
+        "rollout/ready_groups": len(pool.ready),
+        "rollout/stale_groups": sum(pool.stale.values()) - sum(before[0].values()),
+        "rollout/stale_regenerated": pool.stale["regenerate"] - before[0]["regenerate"],
+        "rollout/stale_dropped": pool.stale["drop"] - before[0]["drop"],
+        "rollout/max_weight_version_lag": pool.lag, "rollout/weight_version": pool.versions.current,
+        "rollout/delivered_lag_max": max(lags, default=0.0),
+        "rollout/groups_on_one_rank": pool.one_rank - before[1],
+        "rollout/failed_groups": pool.sink.failed_groups - before[2]})
+    return RolloutFnTrainOutput(samples=data, metrics=metrics)
+
+
+async def _new_pool(args, backend, tokenizer, data_source) -> Pool:
+    return Pool(args, backend, tokenizer, data_source)   # its Event belongs to the adapter's loop
+
+
+async def _take(pool: Pool, want: int) -> list:
+    await pool.backend.relist(max_age_s=5.0)   # the workers slime's router lists now
+    return await pool.take(want)
+
+
+def reset() -> None:
+    """Stop the pool (its groups in flight are cancelled) and the adapter's backend."""
+    global _POOL
+    if _POOL is not None:
+        loop().run(_POOL.stop())
+        _POOL = None
+    STATE.reset()
