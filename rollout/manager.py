@@ -197,10 +197,12 @@ class RolloutManager:
         return await self.dispatcher.run(sample, None if sampling is None else {**self.options.sampling, **sampling})
 
     async def rollout(self, prompts, sink, batch_size: Optional[int] = None, on_group=None,
-                      refill=None) -> RolloutResult:
+                      refill=None, run=None) -> RolloutResult:
         """Run groups (carried-over first, then one per prompt or `Group`) until `batch_size` are delivered
         to `sink`. `refill()`: called after each group the sink did not take, while the batch is not full;
         the groups it returns start at once, beside the ones still running (slime's over-sampling refill).
+        `run(group)`: generates a group instead of the dispatcher's one request per sample (a caller whose
+        requests reach `generate` another way: slime's custom generate functions); it leaves the statuses.
 
         Groups still running when the batch is full are aborted and kept for the next call, under the
         same ids (with partial_rollout with their tokens so far; otherwise started again from the prompt).
@@ -226,7 +228,7 @@ class RolloutManager:
                     for s in runs:
                         if s.status is SampleStatus.ABORTED:
                             s.resumes += 1
-                    await asyncio.gather(*(self.dispatcher.run(s) for s in runs))
+                    await (run(group) if run else asyncio.gather(*(self.dispatcher.run(s) for s in runs)))
                 unfinished = any(s.status.runnable for s in group.samples)
                 if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)

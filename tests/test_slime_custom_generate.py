@@ -206,3 +206,129 @@ def test_front_refuses_what_it_cannot_place_with_one_line():
     assert [s for s, _ in got] == [400] * 4 and all("\n" not in t for _, t in got)
     assert "no prompt of this rollout step" in got[0][1] and "tokenizer" in got[1][1]
     assert "image_data" in got[2][1] and "max_new_tokens" in got[3][1]
+
+
+# ---- the custom-generate path has the main path's seats, refill, partial rollout and FAILED rule --------------
+from test_slime_adapter import HANG, StandInWorker as _Worker  # noqa: E402
+from test_slime_plugin_parity import drop_one_two, gate, gated_reward, slime_filter_hub  # noqa: E402,F401
+
+BAD = 98   # a prompt starting with this token gets SGLang's HTTP 400 (a request it refuses: not re-sent)
+
+
+class RefusingWorker(_Worker):
+    """test_slime_adapter's STAND-IN worker; a prompt starting with BAD gets HTTP 400 with SGLang's error body."""
+
+    async def generate_rows(self, request):
+        from aiohttp import web
+        body = await request.json()
+        if body["input_ids"][0] == BAD:
+            return web.json_response({"object": "error", "message": "bad input", "type": "BadRequestError",
+                                      "param": None, "code": 400}, status=400)
+        return await super().generate_rows(request)
+
+
+async def one_turn(args, sample, sampling_params):
+    """slime's own generate in a custom function's clothes: continues the response the sample holds (partial
+    rollout), budget max_new_tokens - response_length, status ABORTED on an aborted answer."""
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    sp = dict(sampling_params, max_new_tokens=sampling_params["max_new_tokens"] - sample.response_length)
+    out = await post(url, {"input_ids": list(sample.tokens), "sampling_params": sp, "return_logprob": True})
+    meta = out["meta_info"]
+    new = [p[1] for p in meta["output_token_logprobs"]]
+    sample.tokens = list(sample.tokens) + new
+    sample.response = (sample.response or "") + out["text"]
+    sample.response_length += len(new)
+    sample.loss_mask = list(sample.loss_mask or []) + [1] * len(new)
+    sample.rollout_log_probs = list(sample.rollout_log_probs or []) + [p[0] for p in meta["output_token_logprobs"]]
+    sample.status = {"abort": Sample.Status.ABORTED, "length": Sample.Status.TRUNCATED}.get(
+        meta["finish_reason"]["type"], Sample.Status.COMPLETED)
+    return sample
+
+
+@pytest.fixture
+def refusing():
+    w = RefusingWorker().start()
+    r = StandInRouter([(w.url, "regular")]).start()
+    r.worker = w
+    yield r
+    slime_adapter.reset()
+    r.stop()
+    w.stop()
+
+
+def test_custom_path_batch_is_exact_and_rewards_wait_for_a_seat(refusing, gate):
+    """rollout_batch_size 2, over-sampling 6, a reward that awaits: slime rewards and keeps exactly 2 groups.
+    Before, the custom path ran all 6 fetched groups to their rewards at once (12 reward calls, 6 groups inside)."""
+    g = gate(12)   # reached only if every group enters its reward: seats not taken first
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(refusing.port, rollout_batch_size=2, over_sampling_batch_size=6, use_rollout_routing_replay=False,
+                 custom_generate_function_path=f"{__name__}.one_turn", custom_rm_path="test_slime_plugin_parity.gated_reward")
+    out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[i, i + 1] for i in range(1, 13, 2)], 2))
+    assert len(out.samples) == 2 and out.metrics["rollout/groups"] == 2
+    assert g.max_groups <= 2, f"{g.max_groups} groups in their reward at once"
+    assert g.calls == 4, f"{g.calls} reward calls"
+
+
+def test_custom_path_failed_turn_raises_one_line_naming_group_engine_and_cause(refusing):
+    """A turn SGLang refuses (HTTP 400): slime's step raises; plugin mode raises one line naming the group, the
+    engine and the cause, at once (slime's post would retry the front's 500 for a minute). Before, the
+    function's own HTTP error (or a FAILED sample handed over) came out instead."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(refusing.port, rollout_batch_size=1, use_rollout_routing_replay=False,
+                 custom_generate_function_path=f"{__name__}.one_turn")
+    with pytest.raises(RuntimeError) as e:
+        slime_adapter.generate_rollout(args, 0, StandInDataSource([[BAD, 1]], 2))
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("a request of group 0 (custom generate function) failed on engine ")
+    assert refusing.worker.url in line and "HTTP 400" in line and "SLIME_MOE_ROLLOUT_DROP_FAILED=1" in line
+
+
+def test_custom_path_failed_groups_are_dropped_counted_and_refilled(refusing, monkeypatch):
+    monkeypatch.setenv("SLIME_MOE_ROLLOUT_DROP_FAILED", "1")
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(refusing.port, rollout_batch_size=2, over_sampling_batch_size=2, use_rollout_routing_replay=False,
+                 custom_generate_function_path=f"{__name__}.one_turn")
+    out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[BAD, 1], [1, 2], [3, 4], [5, 6]], 2))
+    assert out.metrics["rollout/failed_groups"] == 1
+    assert sorted(g[0].tokens[0] for g in out.samples) == [1, 3]
+    assert all(s.status != Sample.Status.FAILED for g in out.samples for s in g)
+
+
+OPEN_AT_FETCH = []
+
+
+def test_custom_path_refills_while_the_straggler_runs_and_recycles_it_masked(refusing, slime_filter_hub):
+    router = refusing
+    """Over-sampling with a dynamic filter: the next chunk is fetched while the straggler's turn is open; when the
+    batch is full the straggler is aborted and its group goes back through data_source.add_samples (slime's
+    partial rollout, start_rollout_id set); next step its function continues it with the off-policy tokens
+    masked (--mask-offpolicy-in-partial-rollout). Before, the custom path waited for every group of a round
+    (here: the straggler, aborted by no one) and had no partial rollout."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_batch_size=2, over_sampling_batch_size=2, use_rollout_routing_replay=False,
+                 custom_generate_function_path=f"{__name__}.one_turn", mask_offpolicy_in_partial_rollout=True,
+                 dynamic_sampling_filter_path="test_slime_plugin_parity.drop_one_two")
+    src = StandInDataSource([[HANG, 3], [1, 2], [4, 5], [6, 7], [8, 9]], 2)
+    got = src.get_samples
+
+    def fetch(k):
+        OPEN_AT_FETCH.append(not router.worker.aborted.is_set())
+        return got(k)
+    src.get_samples = fetch
+    OPEN_AT_FETCH.clear()
+    first = slime_adapter.generate_rollout(args, 0, src)
+    assert OPEN_AT_FETCH == [True, True]   # the refill came while the straggler's turn was open
+    assert sorted(g[0].tokens[0] for g in first.samples) == [4, 6]
+    assert first.metrics["rollout/recycled_groups"] == 1 and len(src.buffer) == 1
+    held = src.buffer[0]
+    assert all(s.status == Sample.Status.ABORTED and s.metadata["start_rollout_id"] == 0 and s.response_length == 1
+               for s in held)
+    second = slime_adapter.generate_rollout(args, 1, src)
+    hang = [g for g in second.samples if g[0].tokens[0] == HANG][0]
+    assert all(s.loss_mask == [0, 1, 1, 1] and s.response_length == 4 for s in hang), [s.loss_mask for s in hang]
+    fresh = [g for g in second.samples if g[0].tokens[0] == 8][0]
+    assert all(s.loss_mask == [1, 1, 1, 1] for s in fresh)

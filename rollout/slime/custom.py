@@ -27,14 +27,15 @@ from aiohttp import web
 from rollout.routed_experts import encode_sglang, expand
 from rollout.slime import attach
 from rollout.slime.convert import prompt_ids
-from rollout.slime.sink import Filter, finish_group, on_one_rank
-from rollout.slime.state import ensure, load, loop
+from rollout.slime.sink import Sink, failure_line
+from rollout.slime.state import load, loop
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
-__all__ = ["Front", "custom_path", "generate_rollout", "run_groups"]
+__all__ = ["CustomSink", "Front", "Step", "active", "custom_path", "run_group"]
 SGLANG_MAX_NEW_TOKENS = 128   # SGLang's SamplingParams default, for a request that names none
-_FINISH = {SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort", SampleStatus.COMPLETED: "stop"}
+_FINISH = {SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort", SampleStatus.PENDING: "abort",
+           SampleStatus.COMPLETED: "stop"}   # PENDING: not sent, the batch filled first
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Front:
         self.roots: dict = {}      # group id -> [prompt ids, prompt text, next sample index]
         self.tracks: list = []
         self.requests = 0
+        self.failed: dict = {}     # group id -> asyncio.Event, set at its first FAILED turn
+        self.failures: dict = {}   # group id -> the manager sample of that turn
         self.runner = self.port = None
 
     async def start(self) -> "Front":
@@ -77,9 +80,14 @@ class Front:
     def open_group(self, group_id: str, prompt_ids: list, prompt_text=None) -> None:
         self.roots[group_id] = [list(prompt_ids), prompt_text if isinstance(prompt_text, str) else None, 0]
 
+    def watch(self, group_id: str) -> asyncio.Event:
+        """Set when a turn of the group comes back FAILED (`failures[group_id]` is its manager sample)."""
+        return self.failed.setdefault(group_id, asyncio.Event())
+
     def close_group(self, group_id: str) -> list:
         """Forget the group; returns its tracks (one per sample that sent a turn)."""
         self.roots.pop(group_id, None)
+        self.failed.pop(group_id, None)
         mine = [t for t in self.tracks if t.group_id == group_id]
         self.tracks = [t for t in self.tracks if t.group_id != group_id]
         return mine
@@ -134,6 +142,9 @@ class Front:
         track.engines, track.dp_rank = list(ms.engines), ms.dp_rank
         track.known = list(ids) + list(ms.response_ids)
         if ms.status is SampleStatus.FAILED:
+            if track.group_id in self.failed:
+                self.failures.setdefault(track.group_id, ms)
+                self.failed[track.group_id].set()
             return web.Response(status=500, text=f"sample {ms.sample_id}: {ms.error}")
         answer = self._answer(ms, body)
         track.text = (text or "") + answer["text"]
@@ -162,7 +173,14 @@ def custom_path(args, sample) -> Optional[str]:
     return getattr(sample, "generate_function_path", None) or getattr(args, "custom_generate_function_path", None)
 
 
+def active(args) -> bool:
+    """A custom generate function of the user's is set (`rollout.slime.generate` is plugin mode's own path)."""
+    return getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate")
+
+
 async def _call(args, fn, sample, sampling_params):
+    if args_mask_offpolicy(args) and sample.response_length > 0:   # slime's generate_and_rm, before the call
+        sample.loss_mask = [0] * sample.response_length
     if sample.status in (sample.Status.COMPLETED, sample.Status.TRUNCATED):   # slime: already finished
         return sample
     if "evaluation" in inspect.signature(fn).parameters:
@@ -170,77 +188,120 @@ async def _call(args, fn, sample, sampling_params):
     return await fn(args, sample, sampling_params)
 
 
-async def run_groups(args, front: Front, groups: list, load) -> list:
+def args_mask_offpolicy(args) -> bool:
+    return bool(getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False))
+
+
+async def run_group(args, front: Front, group: list) -> list:
     """Call each sample's custom generate function as slime's generate_and_rm_group does (one sampling-params
-    copy per sample, with slime's per-index seed under deterministic inference); requests reach `front`.
-    Returns, per group, what the functions returned (a `Sample` or a `list[Sample]` each)."""
-    base = attach.sampling_from_args(args)
-    seeds = attach.group_seeds(args)
-    saved = (args.sglang_router_ip, args.sglang_router_port)
-    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", front.port
-    try:
-        async def one_group(group):
-            tasks = []
-            for s in group:
-                if getattr(s, "session_id", "") is None:   # slime: one session id per sample
-                    s.session_id = str(uuid.uuid4())
-            for i, s in enumerate(group):
-                sp = dict(base)
-                if seeds:
-                    sp["sampling_seed"] = seeds[i % len(seeds)]
-                tasks.append(_call(args, load(custom_path(args, s)), s, sp))
-            return list(await asyncio.gather(*tasks))
-        return list(await asyncio.gather(*(one_group(g) for g in groups)))
-    finally:
-        args.sglang_router_ip, args.sglang_router_port = saved
+    copy per sample, with slime's per-index seed under deterministic inference, a session id per sample);
+    requests reach `front` through `args.sglang_router_ip/port`. Returns what the functions returned (a
+    `Sample` or a `list[Sample]` each)."""
+    base, seeds = attach.sampling_from_args(args), attach.group_seeds(args)
+    for s in group:
+        if getattr(s, "session_id", "") is None:   # slime: one session id per sample
+            s.session_id = str(uuid.uuid4())
+    tasks = []
+    for i, s in enumerate(group):
+        sp = dict(base)
+        if seeds:
+            sp["sampling_seed"] = seeds[i % len(seeds)]
+        tasks.append(_call(args, load(custom_path(args, s)), s, sp))
+    return list(await asyncio.gather(*tasks))
 
 
-def generate_rollout(args, data_source):
-    """Plugin mode's training step when a custom generate function is set: groups fetched
-    `over_sampling_batch_size` at a time until `rollout_batch_size` are kept (slime's dynamic filter applies),
-    every sample through its function, the step's samples as slime returns them."""
-    from rollout.slime.types import RolloutFnTrainOutput
-    backend, tokenizer = ensure(args)
-    runner = loop()
+class CustomSink(Sink):
+    """The adapter's sink for groups the user's functions generated: the slime group is what they returned
+    (nothing to fill in); a FAILED turn is the front's."""
+
+    def fill(self, group, slime_group) -> Optional[str]:
+        bad = [s for s in group.samples if s.status is SampleStatus.FAILED]
+        if not bad:
+            return None
+        first = slime_group[0][0] if isinstance(slime_group[0], list) else slime_group[0]
+        return failure_line(first, bad[0], f"a request of group {first.group_index} (custom generate function)")
+
+
+class Step:
+    """The custom-generate path of one `generate_rollout` call: the adapter's seats, refill and partial rollout
+    (`Sink`, `RolloutManager.rollout(run=...)`, `partial.recycle`), each group generated by the user's
+    functions, their requests answered by the front."""
+
+    def __init__(self, args, backend, tokenizer, pending: dict):
+        self.args, self.backend, self.tokenizer, self.pending = args, backend, tokenizer, pending
+        self.front = _front(backend, tokenizer)
+        self.requests0 = self.front.requests
+        self.running, self.saved = 0, None   # groups whose functions run now; slime's router address
+
+    def sink(self, target: int) -> CustomSink:
+        return CustomSink(self.args, self.pending, self.backend.layout, target)
+
+    def group(self, slime_group: list):
+        """The manager group standing for a slime group (its prompt; samples already finished are not run)."""
+        first = slime_group[0]
+        ids = prompt_ids(first, self.tokenizer)
+        group = self.backend.new_group(ids[:len(ids) - first.response_length] if first.tokens else ids)
+        for ms, s in zip(group.samples, slime_group):
+            if s.status in (s.Status.COMPLETED, s.Status.TRUNCATED):
+                ms.status = SampleStatus.COMPLETED
+        return group
+
+    def open(self, groups: list, slime_groups: list) -> None:
+        for g, sg in zip(groups, slime_groups):
+            self.front.open_group(g.group_id, g.prompt_ids, sg[0].prompt)
+
+    async def run(self, group) -> None:
+        """The manager's `run`: the group's functions, cut short at its first FAILED turn; the manager samples
+        then say where its turns ran and that it is done (or FAILED): when the batch is full meanwhile the
+        manager carries it (its samples as the functions left them, aborted ones included)."""
+        if not self.running:   # slime's router address points at the front while functions run
+            self.saved = (self.args.sglang_router_ip, self.args.sglang_router_port)
+            self.args.sglang_router_ip, self.args.sglang_router_port = "127.0.0.1", self.front.port
+        self.running += 1
+        failed = self.front.watch(group.group_id)
+        work = asyncio.ensure_future(run_group(self.args, self.front, self.pending[group.group_id]))
+        waiter = asyncio.ensure_future(failed.wait())
+        try:
+            await asyncio.wait([work, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not work.done():   # a FAILED turn (slime's post would retry it for a minute): stop the functions
+                work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            self.running -= 1
+            if not self.running:
+                self.args.sglang_router_ip, self.args.sglang_router_port = self.saved
+        bad = self.front.failures.pop(group.group_id, None)
+        if bad is None:
+            self.pending[group.group_id] = work.result()   # raises what the user's function raised
+        tracks = self.front.close_group(group.group_id)
+        for i, ms in enumerate(group.samples):
+            t = tracks[i] if i < len(tracks) else None
+            ms.engines, ms.dp_rank = (list(t.engines), t.dp_rank) if t else ([], None)
+            ms.status, ms.error = SampleStatus.COMPLETED, None
+        if bad is not None:
+            ms = group.samples[0]
+            ms.status, ms.error, ms.engines = SampleStatus.FAILED, bad.error, list(bad.engines)
+
+    def close(self) -> None:
+        """After `partial.recycle`: groups still held are dropped, as slime drops aborted groups without
+        `--partial-rollout`."""
+        for g in self.backend.drop_carried():
+            self.pending.pop(g.group_id, None)
+            self.front.close_group(g.group_id)
+
+    def metrics(self) -> dict:
+        return {"rollout/custom_generate_requests": self.front.requests - self.requests0}
+
+
+def _front(backend, tokenizer) -> Front:
+    """The front of the adapter's current backend (a new one after attaching again), on the adapter's loop."""
     front = _FRONT.get("front")
-    if front is None or front.backend is not backend or front.tokenizer is not tokenizer:   # attached again
+    if front is None or front.backend is not backend or front.tokenizer is not tokenizer:
         if front is not None:
-            runner.run(front.stop())
-        front = _FRONT["front"] = runner.run(Front(backend, tokenizer).start())
-    want = int(args.rollout_batch_size)
-    over = int(getattr(args, "over_sampling_batch_size", None) or want)
-    filt = Filter(args)
-    kept, seen, placed = [], [], 0
-    while len(kept) < want:
-        got = data_source.get_samples(over)
-        if not got:
-            break
-        gids = [backend.new_group(prompt_ids(g[0], tokenizer)).group_id for g in got]
-        for gid, g in zip(gids, got):
-            front.open_group(gid, prompt_ids(g[0], tokenizer), g[0].prompt)
-
-        async def step():
-            await backend.relist()
-            done = await run_groups(args, front, got, load)
-            return list(await asyncio.gather(*(finish_group(args, g) for g in done)))
-        finished = runner.run(step())
-        for gid, g in zip(gids, finished):
-            together = on_one_rank(front.close_group(gid))
-            seen.append(g)
-            if len(kept) >= want or filt.drop(args, g, len(kept) + len(got), want):
-                continue
-            kept.append(g)
-            placed += together
-    first = lambda g: (g[0][0] if isinstance(g[0], list) else g[0]).index or 0   # noqa: E731
-    data = sorted(kept, key=first)
-    if getattr(args, "rollout_sample_filter_path", None):
-        load(args.rollout_sample_filter_path)(args, data)
-    if getattr(args, "rollout_all_samples_process_path", None):
-        load(args.rollout_all_samples_process_path)(args, sorted(seen, key=first), data_source)
-    metrics = dict(filt.metrics())
-    metrics.update({"rollout/groups": len(data), "rollout/groups_on_one_rank": placed,
-                    "rollout/custom_generate_requests": front.requests})
-    return RolloutFnTrainOutput(samples=data, metrics=metrics)
+            loop().run(front.stop())
+        front = _FRONT["front"] = loop().run(Front(backend, tokenizer).start())
+    return front
 
 
 _FRONT: dict = {}   # "front": the Front of the adapter's current backend (on the adapter's loop)

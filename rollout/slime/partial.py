@@ -28,17 +28,21 @@ def manager_group(backend, slime_group: list, tokenizer):
     return group
 
 
-def recycle(args, backend, rollout_id, data_source) -> int:
+def recycle(args, backend, rollout_id, data_source, filled: bool = False) -> int:
     """slime's partial rollout: the step's unfinished groups, with their tokens so far, go back through
     `data_source.add_samples` (slime's buffer: `--buffer-filter-path` picks them next), `start_rollout_id` set
-    on samples with a response. Without `--partial-rollout` the manager keeps the prompts (run again)."""
+    on samples with a response. Without `--partial-rollout` the manager keeps the prompts (run again).
+    `filled`: the slime samples already hold their response (a custom generate function's)."""
     if not getattr(args, "partial_rollout", False) or not backend.carried or not hasattr(data_source, "add_samples"):
         return 0   # a data source without slime's add_samples (not slime's): the manager keeps them, run first
     groups = []
     for g in backend.drop_carried():
         slime_group = STATE.pending.pop(g.group_id)
         for dst, src in zip(slime_group, g.samples):
-            fill_sample(args, dst, src, backend.layout)
+            if not filled:
+                fill_sample(args, dst, src, backend.layout)
+            if isinstance(dst, list):   # a function's list[Sample] (slime's abort would not take it either)
+                continue
             if dst.response and "start_rollout_id" not in (dst.metadata or {}):
                 dst.metadata = dict(dst.metadata or {}, start_rollout_id=rollout_id)
         groups.append(slime_group)

@@ -59,8 +59,9 @@ def _drop_failed(args) -> bool:
     return bool(getattr(args, "slime_moe_rollout_drop_failed", False)) or os.environ.get(DROP_FAILED_ENV) == "1"
 
 
-def _failure(dst: Sample, src: ManagerSample) -> str:
-    return (f"sample index {dst.index} (group {dst.group_index}) failed on engine {src.engine}: {src.error} "
+def failure_line(dst: Sample, src: ManagerSample, what: Optional[str] = None) -> str:
+    what = what or f"sample index {dst.index} (group {dst.group_index})"
+    return (f"{what} failed on engine {src.engine}: {src.error} "
             f"(set {DROP_FAILED_ENV}=1 to drop such groups instead, counted as rollout/failed_groups)")
 
 
@@ -123,13 +124,18 @@ class Sink:
         self.on_one_rank += on_one_rank(group.samples)
         return True
 
-    async def _finish(self, group, slime_group) -> bool:
+    def fill(self, group, slime_group) -> Optional[str]:
+        """The manager group's answers into the slime group; the one line naming its first FAILED sample, or None."""
         for dst, src in zip(slime_group, group.samples):
             fill_sample(self.args, dst, src, self.layout)
         failed = [(d, s) for d, s in zip(slime_group, group.samples) if s.status is SampleStatus.FAILED]
-        if failed:
+        return failure_line(*failed[0]) if failed else None
+
+    async def _finish(self, group, slime_group) -> bool:
+        failure = self.fill(group, slime_group)
+        if failure:
             if not _drop_failed(self.args):
-                raise RuntimeError(_failure(*failed[0]))
+                raise RuntimeError(failure)
             self.failed_groups += 1
             self.started -= 1
             return False
