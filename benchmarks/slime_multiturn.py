@@ -1,0 +1,328 @@
+"""A 3-turn generate function of slime's style, plugin mode vs slime's own rollout, on the same real engines.
+
+The function (`three_turns`, here) is written as slime's agentic examples are: it posts to
+`http://{args.sglang_router_ip}:{args.sglang_router_port}/generate` with `slime.utils.http_utils.post`,
+appends each answer's tokens (loss mask 1) and, between turns, a tool observation of `--obs-len` tokens
+(loss mask 0), then posts the whole sequence again; 3 turns. Prompts: a `--system-len`-token system prompt
+shared by every group, then a `--user-len`-token question per group; groups of 8; a reward that awaits
+`--reward-s` seconds (`awaiting_reward`). Both arms run in one worker under SLIME_PYTHON (slime importable,
+as scripts/check_against_slime.sh): slime's router (`_start_router`, PyPI's sglang-router) and one
+`SGLangEngine.init` per engine, then, alternated, one training step of each arm:
+  ours:   `rollout.slime.generate_rollout` with `--custom-generate-function-path slime_multiturn.three_turns`
+          (plugin mode: the turns reach the manager through its loopback front, placed per group);
+  slime:  slime's own `slime.rollout.sglang_rollout.generate_rollout`, the same function, through slime's router.
+The engines: `--engines` of the DP-attention miniature (training_configs/tiny-cpu-dpattn.yaml: dp 2, NEXTN,
+chunk 4,096), started once, caches flushed before every step; a warm-up step of each arm is not counted.
+The data source is a STAND-IN that hands slime Samples whose `tokens` are the prompt ids.
+
+    flock /tmp/engine.lock python benchmarks/slime_multiturn.py --slime-src /tmp/slime-src [--rounds 2]
+    python benchmarks/slime_multiturn.py --dry      # the judging on recorded figures, no engine, no slime
+
+Printed and judged, ours / slime's: prompt tokens prefilled per turn (`prompt_tokens - cached_tokens` of
+each turn's answer `meta_info`; ours adds its placement's primers); generated tokens/s (tokens over the
+time from the step's start to its last answered turn); step time (the whole rollout call, the reward
+included). Without a slime checkout or SLIME_PYTHON it prints why and judges nothing (run_all counts
+that as a missing line).
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+from _slime_arm import SLIME_PYTHON, parse_reply, unavailable  # noqa: E402
+from _targets import fact, finish, judge  # noqa: E402
+
+BENCH = "slime_multiturn"
+TURNS = 3
+GROUP = 8
+REWARD_ENV, OBS_ENV = "SLIME_MULTITURN_REWARD_S", "SLIME_MULTITURN_OBS_LEN"
+
+
+# ------------------------------------------------------------------ the user's side (slime's style)
+def observation(tokens: list, n: int) -> list:
+    """The tool's answer to a sequence: `n` token ids that depend on what the model said."""
+    rng = random.Random(hash(tuple(tokens[-8:])))
+    return [rng.randrange(3, 300) for _ in range(n)]
+
+
+async def three_turns(args, sample, sampling_params):
+    """A custom generate function as slime's examples write one: 3 turns, a tool observation (loss mask 0)
+    between them. Each turn's meta_info counts go to `sample.metadata["turns"]`."""
+    from slime.utils.http_utils import post
+
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    obs_len = int(os.environ.get(OBS_ENV, "64"))
+    prompt = list(sample.tokens)
+    ids, mask, logprobs, turns = list(prompt), [], [], []
+    for turn in range(TURNS):
+        out = await post(url, {"input_ids": ids, "sampling_params": dict(sampling_params, ignore_eos=True),
+                               "return_logprob": True})
+        meta = out["meta_info"]
+        new = [t for _, t, _ in meta["output_token_logprobs"]]
+        turns.append([turn, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0), len(new),
+                      time.monotonic()])
+        ids += new
+        mask += [1] * len(new)
+        logprobs += [lp for lp, _, _ in meta["output_token_logprobs"]]
+        if turn < TURNS - 1:
+            obs = observation(ids, obs_len)
+            ids += obs
+            mask += [0] * len(obs)
+            logprobs += [0.0] * len(obs)
+    sample.tokens, sample.response_length, sample.loss_mask = ids, len(ids) - len(prompt), mask
+    sample.rollout_log_probs = logprobs
+    sample.metadata = dict(sample.metadata or {}, turns=turns)
+    sample.status = sample.Status.COMPLETED
+    return sample
+
+
+async def awaiting_reward(args, sample):
+    """A reward that awaits (a judge, a sandbox): `$SLIME_MULTITURN_REWARD_S` seconds."""
+    await asyncio.sleep(float(os.environ.get(REWARD_ENV, "0.5")))
+    return float(sum(sample.loss_mask))
+
+
+# ------------------------------------------------------------------ figures and judging
+def summarise(step: dict) -> dict:
+    """One step's figures from the worker's answer: prefilled tokens per turn, tokens/s, step seconds."""
+    turns = step["turns"]
+    prefilled = sum(p - c for _, p, c, _, _ in turns) + step.get("primer_prefilled", 0)
+    gen_s = max(t for *_, t in turns)
+    return {"prefill_per_turn": prefilled / len(turns), "tokens_per_s": sum(n for _, _, _, n, _ in turns) / gen_s,
+            "step_s": step["seconds"], "turns": len(turns),
+            "by_turn": [sum(p - c for k, p, c, _, _ in turns if k == i) / max(1, sum(k == i for k, *_ in turns))
+                        for i in range(TURNS)]}
+
+
+def report(res: dict) -> None:
+    """Judge ours / slime's on the mean of each arm's steps."""
+    mean = lambda arm, k: sum(s[k] for s in res[arm]) / len(res[arm])  # noqa: E731
+    for arm in ("ours", "slime"):
+        fact(BENCH, f"{arm}: prefilled per turn {mean(arm, 'prefill_per_turn'):.1f} tokens, "
+                    f"{mean(arm, 'tokens_per_s'):.1f} tokens/s, step {mean(arm, 'step_s'):.2f} s "
+                    f"({len(res[arm])} step(s))")
+    judge(BENCH, "prefill_per_turn", mean("ours", "prefill_per_turn") / mean("slime", "prefill_per_turn"))
+    judge(BENCH, "tokens_per_s", mean("ours", "tokens_per_s") / mean("slime", "tokens_per_s"))
+    judge(BENCH, "step_time", mean("ours", "step_s") / mean("slime", "step_s"))
+
+
+# ------------------------------------------------------------------ the run
+def prompts(groups: int, system: list, user_len: int, seed: int) -> list:
+    rng = random.Random(seed)
+    return [system + [rng.randrange(3, 300) for _ in range(user_len)] for _ in range(groups)]
+
+
+class Worker:
+    """Both arms under SLIME_PYTHON (this file with --worker): one JSON request per line, one answer back."""
+
+    def __init__(self, a, cfg_path, model, addrs):
+        stubs = tempfile.mkdtemp(prefix="slime-multiturn-stubs-")
+        os.makedirs(os.path.join(stubs, "wandb"))
+        with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
+            f.write('"""STUB (benchmarks/slime_multiturn.py): wandb is not installed; slime only imports it."""\n')
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), HERE, a.slime_src,
+                                                          stubs]),
+                   **{REWARD_ENV: str(a.reward_s), OBS_ENV: str(a.obs_len)})
+        self.log = tempfile.NamedTemporaryFile(prefix="slime-multiturn-", suffix=".log", delete=False)
+        overrides = {"n_samples_per_prompt": GROUP, "sglang_server_concurrency": 16, "use_rollout_routing_replay": False,
+                     "rollout_max_response_len": a.turn_tokens, "custom_generate_function_path": f"{BENCH}.three_turns",
+                     "custom_rm_path": f"{BENCH}.awaiting_reward"}
+        self.proc = subprocess.Popen([SLIME_PYTHON, os.path.abspath(__file__), "--worker", cfg_path, model,
+                                      json.dumps(overrides), *addrs], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=env, cwd=ROOT)
+        self.ready = self.reply()["ready"]
+
+    def reply(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait(10)
+                with open(self.log.name) as f:
+                    raise RuntimeError(f"worker exited (rc {self.proc.returncode}):\n{f.read()[-3000:]}")
+            out = parse_reply(line)
+            if out is not None:
+                return out
+
+    def step(self, arm: str, groups: list, rollout_id: int) -> dict:
+        self.proc.stdin.write(json.dumps({"arm": arm, "prompts": groups, "rollout_id": rollout_id}) + "\n")
+        self.proc.stdin.flush()
+        return self.reply()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def run(a) -> dict:
+    from group_placement_engines import _engine_config, _flush
+    from rollout.config import preset_path
+
+    from _tiny import started_manager
+
+    cfg, model = _engine_config(argparse.Namespace(engine_new_tokens=a.turn_tokens))
+    cfg.engine_groups[0].engines = a.engines
+    system = [random.Random(1).randrange(3, 300) for _ in range(a.system_len)]
+    print(f"{BENCH}: {a.engines} x tiny-cpu-dpattn (dp 2, NEXTN, chunk 4096); {a.groups} groups x {GROUP} x "
+          f"{TURNS} turns of {a.turn_tokens} tokens, {a.obs_len}-token observations, {a.system_len}-token system "
+          f"prompt + {a.user_len}-token question, reward awaits {a.reward_s:g} s; starting...", flush=True)
+    res: dict = {"ours": [], "slime": []}
+
+    async def main():
+        mgr = await started_manager(cfg, model, "slime-multiturn-")
+        worker = None
+        try:
+            addrs = [e.url.split("://", 1)[1] for e in mgr.source.engines.values()]
+            worker = await asyncio.to_thread(Worker, a, preset_path("c"), model, addrs)
+            print(f"  {worker.ready}", file=sys.stderr, flush=True)
+
+            async def one(arm, seed, counted, r=0):
+                await _flush(mgr)
+                out = await asyncio.to_thread(worker.step, arm, prompts(a.groups, system, a.user_len, seed), seed)
+                assert out["groups"] == a.groups and len(out["turns"]) == a.groups * GROUP * TURNS, out
+                fig = summarise(out)
+                if counted:
+                    res[arm].append(fig)
+                print(f"  {arm:5s} {'round ' + str(r) if counted else 'warm-up'}: prefilled per turn "
+                      f"{fig['prefill_per_turn']:.1f} (turns 1-3: {', '.join(f'{x:.1f}' for x in fig['by_turn'])}"
+                      f"{', primers ' + str(out['primer_prefilled']) if arm == 'ours' else ''}), "
+                      f"{fig['tokens_per_s']:.1f} tokens/s, step {fig['step_s']:.2f} s", flush=True)
+            for i, arm in enumerate(("ours", "slime")):
+                await one(arm, 7 + i, False)
+            for r in range(a.rounds):
+                for arm in (("ours", "slime") if r % 2 == 0 else ("slime", "ours")):
+                    await one(arm, 100 + 10 * r + (arm == "slime"), True, r)
+        finally:
+            if worker:
+                worker.close()
+            await mgr.stop()
+    asyncio.run(main())
+    return res
+
+
+def _worker(cfg_path, model, overrides, addrs) -> int:
+    """Runs under SLIME_PYTHON: slime's router and engine registration, then each step of either arm."""
+    import sglang
+    from check_against_slime import slime_args
+    from slime.backends.sglang_utils import external, sglang_engine
+    from slime.ray.rollout import _start_router
+    from slime.rollout import sglang_rollout
+    from slime.utils import http_utils
+    from slime.utils.types import Sample
+
+    import rollout.slime as plugin
+    from rollout.slime.state import STATE
+    from training_configs.schema import load_config
+
+    def say(**kw):
+        print("SLIME-ARM " + json.dumps(kw), flush=True)
+
+    class Prompts:
+        """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, GROUP samples each."""
+
+        def __init__(self, groups, n):
+            self.groups, self.n = groups, n
+
+        def get_samples(self, k):
+            out, self.groups = self.groups[:k], self.groups[k:]
+            return [[Sample(group_index=g, index=g * self.n + j, prompt="", tokens=list(p)) for j in range(self.n)]
+                    for g, p in enumerate(out)]
+
+        def add_samples(self, groups):
+            pass
+
+    try:
+        args = slime_args(load_config(cfg_path), model, addrs)
+        vars(args).update(overrides)
+        http_utils.init_http_client(args)
+        infos = external.discover_external_engines(addrs)
+        args.rollout_num_gpus = sum(i.num_gpus for i in infos)
+        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
+        sglang_engine.accelerator.resolve_visible_device_id = int  # FAKE of slime's GPU-id mapping (needs CUDA)
+        for rank, info in enumerate(infos):
+            sglang_engine.SGLangEngine(args, rank, worker_type=info.worker_type, base_gpu_id=0,
+                                       num_gpus_per_engine=info.num_gpus).init(
+                **external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
+                router_port=args.sglang_router_port)
+        os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = cfg_path
+        say(ready=f"slime client: SGLang {sglang.__version__}, router {args.sglang_router_ip}:"
+                  f"{args.sglang_router_port}, {len(infos)} engine(s)")
+    except Exception as e:
+        say(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        return 1
+    for line in sys.stdin:
+        req = json.loads(line)
+        args.rollout_batch_size = args.over_sampling_batch_size = len(req["prompts"])
+        source = Prompts(req["prompts"], args.n_samples_per_prompt)
+        placement = lambda: getattr(getattr(STATE.backend, "dispatcher", None), "placement", None)  # noqa: E731
+        primed0 = placement().primer_prefilled if placement() else 0
+        t0 = time.monotonic()
+        try:
+            fn = plugin.generate_rollout if req["arm"] == "ours" else sglang_rollout.generate_rollout
+            out = fn(args, req["rollout_id"], source)
+        except Exception as e:
+            say(error=f"{req['arm']}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            return 1
+        dt = time.monotonic() - t0
+        samples = [s for g in out.samples for s in g]
+        primed = (placement().primer_prefilled - primed0) if req["arm"] == "ours" and placement() else 0
+        say(seconds=dt, groups=len(out.samples), primer_prefilled=primed,
+            turns=[t[:4] + [t[4] - t0] for s in samples for t in s.metadata["turns"]],
+            rewards=sorted({s.reward for s in samples}))
+    plugin.reset()
+    return 0
+
+
+DRY = {   # recorded figures of one step per arm, in the worker's answer shape, for --dry
+    "ours": {"seconds": 10.5, "primer_prefilled": 290, "turns": [[k, 300 + 80 * k, 290 + 80 * k, 16, 10.0]
+                                                                for k in range(TURNS) for _ in range(16)]},
+    "slime": {"seconds": 10.4, "primer_prefilled": 0, "turns": [[k, 300 + 80 * k, 150 + 40 * k, 16, 10.0]
+                                                              for k in range(TURNS) for _ in range(16)]},
+}
+
+
+def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--worker"]:
+        return _worker(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--engines", type=int, default=1)
+    ap.add_argument("--turn-tokens", type=int, default=16)
+    ap.add_argument("--obs-len", type=int, default=64)
+    ap.add_argument("--system-len", type=int, default=256)
+    ap.add_argument("--user-len", type=int, default=32)
+    ap.add_argument("--reward-s", type=float, default=0.5)
+    ap.add_argument("--slime-src", default=os.environ.get("SLIME_SRC") or None,
+                    help="a slime checkout (default: $SLIME_SRC); both arms need slime importable")
+    ap.add_argument("--dry", action="store_true", help="judge recorded figures (no engine, no slime)")
+    a = ap.parse_args(argv)
+    if min(a.rounds, a.groups, a.engines, a.turn_tokens) < 1 or a.obs_len < 64 or a.system_len < 256:
+        ap.error("--rounds, --groups, --engines, --turn-tokens must be >= 1; --obs-len >= 64, --system-len >= 256")
+    if a.dry:
+        fact(BENCH, "dry run: recorded figures, no engine")
+        report({arm: [summarise(step)] for arm, step in DRY.items()})
+        return finish()
+    why = unavailable(a.slime_src)
+    if why:
+        fact(BENCH, f"not run: {why} (both arms run slime's code)")
+        return 0
+    report(run(a))
+    return finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
