@@ -24,10 +24,11 @@ TURNS = []
 
 
 async def tool_turns(args, sample, sampling_params):
-    """slime's style: post to args.sglang_router_ip/port, append SGLang's tokens (trainable) and a tool
+    """slime's style: tokenize the prompt, post to args.sglang_router_ip/port, append SGLang's tokens (trainable) and a tool
     observation (loss mask 0), post again with the whole sequence."""
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
-    ids = list(sample.tokens)
+    ids = list(sample.tokens) or _tokenizer(args).encode(sample.prompt, add_special_tokens=False)   # as slime's
+    sample.tokens = list(ids)
     prompt_len, mask = len(ids), []
     for turn in range(2):
         out = await post(url, {"input_ids": ids, "sampling_params": sampling_params, "return_logprob": True,
@@ -44,6 +45,13 @@ async def tool_turns(args, sample, sampling_params):
     sample.tokens, sample.response_length, sample.loss_mask = ids, len(ids) - prompt_len, mask
     sample.status = Sample.Status.COMPLETED
     return sample
+
+
+def _tokenizer(args):
+    """The prompt's tokens, as slime's functions get them (`GenerateState(args).tokenizer`): slime's data source
+    gives text prompts."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(args.hf_checkpoint)
 
 
 def test_two_turn_function_on_a_real_engine(engine_pool, tiny_model, monkeypatch):

@@ -305,3 +305,25 @@ def test_refill_starts_while_the_straggler_runs(router, slime_filter_hub):
     assert OPEN_AT_REFILL == [True, True]   # the second fetch came while the straggler's request was open
     assert sorted(g[0].tokens[0] for g in out.samples) == [4, 6]
     assert out.metrics["rollout/recycled_groups"] == 1   # the straggler, aborted when the batch was full
+
+
+def test_finished_groups_that_find_the_batch_full_go_back_to_slimes_buffer(router, gate):
+    """slime's abort collects every pending group when the batch is full, finished ones included, and with
+    --partial-rollout puts them in its buffer. Before, plugin mode dropped a group that finished while the last
+    seat was taken (its prompt lost): here 2 of 3 groups, while the kept one awaited its reward."""
+    gate(3)   # the kept group's 2 samples wait in their reward (for a third that never comes) while the rest finish
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(router.port, rollout_batch_size=1, over_sampling_batch_size=3,
+                 custom_rm_path=f"{__name__}.gated_reward")
+    src = StandInDataSource([[1, 2], [3, 4], [5, 6]], 2)
+    out = slime_adapter.generate_rollout(args, 0, src)
+    assert len(out.samples) == 1 and out.metrics["rollout/recycled_groups"] == 2
+    kept = out.samples[0][0].tokens[0]
+    assert sorted(g[0].tokens[0] for g in src.buffer) == sorted({1, 3, 5} - {kept})
+    for g in src.buffer:
+        for s in g:
+            assert s.status == Sample.Status.TRUNCATED and s.response_length == 4 and s.metadata["start_rollout_id"] == 0
+    sent = len(router.worker.requests)
+    second = slime_adapter.generate_rollout(args, 1, src)   # from the buffer: rewarded now, no new request
+    assert second.samples[0][0].reward == 4.0 and len(router.worker.requests) == sent

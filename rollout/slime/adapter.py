@@ -92,7 +92,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
                                         path.run if path else None)))
         if not new_groups and not carried:
             break
-    recycled = recycle(args, backend, rollout_id, data_source, filled=path is not None)
+    recycled = recycle(args, backend, rollout_id, data_source, filled=path is not None, unseated=sink.unseated)
     if path is not None:
         path.close()
     out = _output(args, backend, sink, results, data_source)

@@ -28,15 +28,20 @@ def manager_group(backend, slime_group: list, tokenizer):
     return group
 
 
-def recycle(args, backend, rollout_id, data_source, filled: bool = False) -> int:
-    """slime's partial rollout: the step's unfinished groups, with their tokens so far, go back through
+def recycle(args, backend, rollout_id, data_source, filled: bool = False, unseated=()) -> int:
+    """slime's partial rollout: the step's unfinished groups, with their tokens so far, and the finished ones
+    that found the batch full (`unseated`: slime's abort collects every pending group) go back through
     `data_source.add_samples` (slime's buffer: `--buffer-filter-path` picks them next), `start_rollout_id` set
-    on samples with a response. Without `--partial-rollout` the manager keeps the prompts (run again).
+    on samples with a response. Without `--partial-rollout` the manager keeps the unfinished prompts (run
+    again) and the unseated groups are dropped, as slime drops them.
     `filled`: the slime samples already hold their response (a custom generate function's)."""
-    if not getattr(args, "partial_rollout", False) or not backend.carried or not hasattr(data_source, "add_samples"):
+    if not getattr(args, "partial_rollout", False) or not hasattr(data_source, "add_samples") or \
+            not (backend.carried or unseated):
+        for g in unseated:
+            STATE.pending.pop(g.group_id, None)
         return 0   # a data source without slime's add_samples (not slime's): the manager keeps them, run first
     groups = []
-    for g in backend.drop_carried():
+    for g in backend.drop_carried() + list(unseated):
         slime_group = STATE.pending.pop(g.group_id)
         for dst, src in zip(slime_group, g.samples):
             if not filled:

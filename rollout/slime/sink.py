@@ -100,6 +100,7 @@ class Sink:
         self.filter = Filter(args)
         self.started = 0   # slime's remaining_batch_size: groups submitted minus groups dropped
         self.on_one_rank = 0   # kept groups whose every attempt ran on one placed (engine, DP rank)
+        self.unseated: list = []   # finished groups that found the batch full (`partial.recycle` takes them)
 
     async def put(self, group) -> bool:
         if group.group_id in self.seen:
@@ -109,7 +110,9 @@ class Sink:
         self.changed = self.changed or asyncio.Condition()
         async with self.changed:   # a seat is taken before any await: never more than `target` groups
             while len(self.groups) + self.seated >= self.target:
-                if len(self.groups) >= self.target:   # batch already full: slime drops such a group too
+                if len(self.groups) >= self.target:   # batch already full: slime's abort collects it
+                    self.pending[group.group_id] = slime_group
+                    self.unseated.append(group)
                     return False
                 await self.changed.wait()   # a seated group may still be filtered out
             self.seated += 1
