@@ -5,8 +5,10 @@ The function (`three_turns`, here) is written as slime's agentic examples are: i
 appends each answer's tokens (loss mask 1) and, between turns, a tool observation of `--obs-len` tokens
 (loss mask 0), then posts the whole sequence again; 3 turns. Prompts: a `--system-len`-token system prompt
 shared by every group, then a `--user-len`-token question per group; groups of 8; a reward that awaits
-`--reward-s` seconds (`awaiting_reward`). Both arms run in one worker under SLIME_PYTHON (slime importable,
-as scripts/check_against_slime.sh): slime's router (`_start_router`, PyPI's sglang-router) and one
+`--reward-s` seconds (`awaiting_reward`). A turn's length varies per sample and turn (`turn_budget`, the
+same in both arms; `ignore_eos`), so a step's samples do not move in lock-step as equal lengths would make
+them. Both arms run in one worker under SLIME_PYTHON (slime importable, as scripts/check_against_slime.sh):
+slime's router (`_start_router`, PyPI's sglang-router) and one
 `SGLangEngine.init` per engine, then, alternated, one training step of each arm:
   ours:   `rollout.slime.generate_rollout` with `--custom-generate-function-path slime_multiturn.three_turns`
           (plugin mode: the turns reach the manager through its loopback front, placed per group);
@@ -54,6 +56,12 @@ def observation(tokens: list, n: int) -> list:
     return [rng.randrange(3, 300) for _ in range(n)]
 
 
+def turn_budget(index: int, turn: int, mean: int) -> int:
+    """A turn's answer length, as an agent's turns vary (the model stops at a tool call or an answer): the same
+    for a sample's turn in both arms, between half and one and a half times `--turn-tokens`."""
+    return random.Random(index * 7919 + turn).randint(max(1, mean // 2), mean + mean // 2)
+
+
 async def three_turns(args, sample, sampling_params):
     """A custom generate function as slime's examples write one: 3 turns, a tool observation (loss mask 0)
     between them. Each turn's meta_info counts go to `sample.metadata["turns"]`."""
@@ -64,8 +72,9 @@ async def three_turns(args, sample, sampling_params):
     prompt = list(sample.tokens)
     ids, mask, logprobs, turns = list(prompt), [], [], []
     for turn in range(TURNS):
-        out = await post(url, {"input_ids": ids, "sampling_params": dict(sampling_params, ignore_eos=True),
-                               "return_logprob": True})
+        budget = turn_budget(sample.index, turn, int(sampling_params["max_new_tokens"]))
+        out = await post(url, {"input_ids": ids, "return_logprob": True,
+                               "sampling_params": dict(sampling_params, max_new_tokens=budget, ignore_eos=True)})
         meta = out["meta_info"]
         new = [t for _, t, _ in meta["output_token_logprobs"]]
         turns.append([turn, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0), len(new),

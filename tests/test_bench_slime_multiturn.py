@@ -64,12 +64,15 @@ def test_three_turns_builds_slimes_sample_with_observations_masked(bench, slime_
     monkeypatch.setenv(bench.OBS_ENV, "64")
     try:
         args = SimpleNamespace(sglang_router_ip="127.0.0.1", sglang_router_port=srv.port)
-        s = asyncio.run(bench.three_turns(args, _Sample(tokens=list(range(300)), metadata={}),
+        s = asyncio.run(bench.three_turns(args, _Sample(index=3, tokens=list(range(300)), metadata={}),
                                           {"max_new_tokens": 4, "temperature": 1.0}))
     finally:
         srv.stop()
     assert [len(b["input_ids"]) for b in bodies] == [300, 368, 436]   # + 4 generated + 64 observed per turn
-    assert all(b["sampling_params"] == {"max_new_tokens": 4, "temperature": 1.0, "ignore_eos": True} for b in bodies)
+    budgets = [bench.turn_budget(3, turn, 4) for turn in range(3)]   # each turn's length, 2..6 around 4
+    assert [b["sampling_params"] for b in bodies] == [{"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True}
+                                                      for n in budgets]
+    assert all(2 <= n <= 6 for n in budgets) and budgets == [bench.turn_budget(3, turn, 4) for turn in range(3)]
     assert bodies[2]["input_ids"][:368] == bodies[1]["input_ids"]   # each turn continues the whole sequence
     assert s.loss_mask == [1] * 4 + [0] * 64 + [1] * 4 + [0] * 64 + [1] * 4
     assert s.response_length == len(s.tokens) - 300 == len(s.rollout_log_probs) == 140
