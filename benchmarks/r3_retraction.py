@@ -9,11 +9,13 @@ the judged lines: the requests each update retracts, and the retracted samples' 
 update (the tokens sampled before the retraction and after the re-prefill).
 
 Judged (benchmarks/targets.toml):
-- refused_with_fix: samples the manager refused (the engine states its retraction rule in meta_info); target 0.
-- refused_without_stamp: the control, the samples the client refuses on the same answers without the engine's
-  statement (`retraction_reason` as on an engine without the fix); it must refuse (>= 1), else the rollout
-  spanned no update and refused_with_fix proves nothing. Printed beside it: the mean response length of those
-  vs the rest (the length bias of dropping them).
+- refused_with_fix: samples the manager refused (the engine earns its retraction stamp: the scheduler's word that
+  it kept the rows rides in meta_info beside it); target 0.
+- refused_without_stamp: the control, the samples the client refuses on the same answers with the stamp but
+  without the scheduler's evidence (what an engine that stamps every answer sends); it must refuse (>= 1), else
+  the rollout spanned no update and refused_with_fix proves nothing. Printed beside it: the same count with no
+  stamp at all (an engine without the fix), and the mean response length of those vs the rest (the length bias
+  of dropping them).
 - k3_kl_retracted: k3 KL of `r3 check`'s replay (transformers' forward with the captured rows) on the
   retracted samples / on the unretracted ones, target <= 1.1; and k3_kl_retracted_disabled, the same ratio from
   a second engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and
@@ -109,7 +111,7 @@ def main() -> int:
     from rollout.r3.replay import load_model
     from rollout.routed_experts.retraction import retraction_reason
     from rollout.types import SampleStatus
-    from sglang_patches.fixes.retraction_rows import META_KEY
+    from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, META_KEY
     from sglang_patches.registry import DISABLE_ENV
 
     model = build_near_tie_glm()
@@ -147,18 +149,21 @@ def main() -> int:
     samples = rollout()
     refused = [s for s in samples if s.status is SampleStatus.FAILED]
     retracted = [s for s in samples if int(meta(s).get("num_retractions") or 0)]
-    today = [s for s in samples if retraction_reason({k: v for k, v in meta(s).items() if k != META_KEY},
-                                                     s.sent_version)]
+    def refused_without(*keys):
+        return [s for s in samples if retraction_reason({k: v for k, v in meta(s).items() if k not in keys},
+                                                        s.sent_version)]
+    unearned, today = refused_without(EVIDENCE_KEY), refused_without(EVIDENCE_KEY, META_KEY)
     rest = [s for s in samples if s not in today]
     fact(BENCH, f"{len(samples)} samples, {len(retracted)} retracted, {len(today)} spanning the update; "
                 f"statuses {sorted({s.status.value for s in samples})}")
     for s in refused:
         print(f"  refused: {s.sample_id}: {s.error}")
     length = lambda ss: float(np.mean([len(s.response_ids) for s in ss])) if ss else float("nan")  # noqa: E731
-    fact(BENCH, f"refused without the fix (today's client on the same answers): {len(today)}; mean response "
-                f"length {length(today):.1f} tokens vs {length(rest):.1f} for the rest")
+    fact(BENCH, f"refused with the stamp but without the scheduler's evidence: {len(unearned)}; without any stamp "
+                f"(an engine without the fix): {len(today)}; mean response length {length(today):.1f} tokens vs "
+                f"{length(rest):.1f} for the rest")
     judge(BENCH, "refused_with_fix", float(len(refused)))
-    judge(BENCH, "refused_without_stamp", float(len(today)))
+    judge(BENCH, "refused_without_stamp", float(len(unearned)))
     replay_r, replay_u, ret = replay(samples)
     fact(BENCH, f"replay k3 KL retracted {replay_r.k3_kl:.3g} ({replay_r.tokens} tokens, flip rate "
                 f"{replay_r.flip_rate:.2%}), unretracted {replay_u.k3_kl:.3g} ({replay_u.tokens} tokens, "

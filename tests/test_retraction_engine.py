@@ -30,7 +30,7 @@ from support.engines import decode_routed, preset
 from rollout.net import auth_headers
 from rollout.routed_experts.retraction import retraction_reason
 from rollout.models.tiny import NUM_LAYERS, TOP_K, build_tiny_glm, expected_experts
-from sglang_patches.fixes.retraction_rows import FIX, META_KEY, SAMPLING_TIME
+from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, FIX, META_KEY, PER_REQUEST_ENV, RECOMPUTED, SAMPLING_TIME
 from sglang_patches.registry import DISABLE_ENV
 
 RETRACTION_FIX = FIX.name
@@ -171,8 +171,34 @@ def test_retraction_across_weight_update_kept_with_the_fix(engine_pool, tiny_mod
             boundary = len(ids) + k - 1
             old, new = _rows_matching(ids, body, 0), _rows_matching(ids, body, 1)
             assert meta["num_retractions"] >= 1 and meta[META_KEY] == SAMPLING_TIME
+            word = meta[EVIDENCE_KEY]   # the scheduler's word, through SGLang's customized_info (streamed)
+            assert word["rule"] == SAMPLING_TIME and word["retractions"] >= meta["num_retractions"], word
+            assert word["kept_rows"] >= boundary, (word, boundary)
             assert all(old[:boundary]) and all(new[boundary:]), (boundary, old, new)
             assert retraction_reason(meta) is None
+    finally:
+        _post(eng, "/continue_generation", {})
+        _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
+
+
+def test_retraction_over_the_cap_is_stamped_recomputed(engine_pool, tiny_model):
+    """The same sequence with a per-request kept-rows cap below one request's rows: the scheduler turns the fix off
+    for each request at the retraction, its answer says `recomputed` with the cap's line (before the scheduler's
+    word reached the tokenizer it said `sampling-time`), its rows are the re-prefill's (the new router's) and
+    the client refuses the sample."""
+    other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
+    eng = engine_pool.get("retract-capped", preset("a", tiny_model, env={PER_REQUEST_ENV: "0.000001"}))
+    threads, seen, last = _stream(eng)
+    _pause_after(eng, seen)
+    try:
+        assert _miles_update(eng, other, "seed1") == 200
+        out = _finish(threads, last)
+        for ids, body in zip(PROMPTS, out):
+            meta = body["meta_info"]
+            assert meta["num_retractions"] >= 1 and meta[META_KEY] == RECOMPUTED, meta.get(META_KEY)
+            assert "caps:" in meta[EVIDENCE_KEY]["why"], meta[EVIDENCE_KEY]
+            assert all(_rows_matching(ids, body, 1)), "capped: the re-prefill's rows (the new router's)"
+            assert retraction_reason(meta).startswith("its rows were recomputed (its kept rows would take")
     finally:
         _post(eng, "/continue_generation", {})
         _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})

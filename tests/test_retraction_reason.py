@@ -95,14 +95,27 @@ def test_dispatcher_tracks_the_engine_version_per_attempt():
 
 
 def test_engine_with_the_retraction_fix_keeps_the_sample():
-    """An answer stating the retraction-rows rule (meta_info, added by the plugin's tokenizer-manager hook) is
-    kept across a weight update, in both meta_info shapes; without the key the same answer is refused."""
-    from sglang_patches.fixes.retraction_rows import META_KEY, RECOMPUTED, SAMPLING_TIME
+    """An answer whose stamp the engine earned (the scheduler's word in meta_info: rows kept for every retraction,
+    or an opt-out) is kept across a weight update, in both meta_info shapes; without the stamp, with a stamp
+    but no evidence (the shape an engine stamping every answer sent), or with rows the scheduler recomputed (a
+    cap), the same answer is refused and the reason says which."""
+    from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, META_KEY, RECOMPUTED, SAMPLING_TIME
 
+    kept = {META_KEY: SAMPLING_TIME, EVIDENCE_KEY: {"rule": SAMPLING_TIME, "retractions": 1, "kept_rows": 6}}
+    asked = {META_KEY: RECOMPUTED, EVIDENCE_KEY: {"rule": RECOMPUTED, "asked": True}}
+    capped = {META_KEY: RECOMPUTED, EVIDENCE_KEY: {"rule": RECOMPUTED, "why": "its kept rows would take 9 MB"}}
     for meta in (_meta(1, [("v1", 20)], "v2", 60), _finish_only(1, "v2")):
-        assert retraction_reason(meta, "v1") is not None
-        for rule in (SAMPLING_TIME, RECOMPUTED):
-            assert retraction_reason({**meta, META_KEY: rule}, "v1") is None
+        assert retraction_reason(meta, "v1").startswith("retracted 1x")
+        assert retraction_reason({**meta, **kept}, "v1") is None
+        assert retraction_reason({**meta, **asked}, "v1") is None
+        for rule in (SAMPLING_TIME, RECOMPUTED):   # a stamp alone is not evidence
+            assert retraction_reason({**meta, META_KEY: rule}, "v1").startswith(
+                f"stamped {rule!r} without the scheduler's evidence; retracted 1x")
+        assert retraction_reason({**meta, **capped}, "v1").startswith(
+            "its rows were recomputed (its kept rows would take 9 MB); retracted 1x")
+        fewer = {**kept, EVIDENCE_KEY: {**kept[EVIDENCE_KEY], "retractions": 0}}   # a retraction the fix never saw
+        assert "for 1 retraction(s)" in retraction_reason({**meta, **fewer}, "v1")
         assert retraction_reason({**meta, META_KEY: "something-else"}, "v1") is not None
-    arr, reason = sample_routed_experts({**_finish_only(1, "v2"), META_KEY: SAMPLING_TIME}, 3, LAY, sent_version="v1")
+    assert retraction_reason({**_finish_only(1, "v1"), **capped}, "v1") is None   # recomputed, same weights: equal
+    arr, reason = sample_routed_experts({**_finish_only(1, "v2"), **kept}, 3, LAY, sent_version="v1")
     assert reason is None and arr.shape == (2, 1, 2)

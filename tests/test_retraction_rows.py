@@ -85,6 +85,78 @@ def test_meta_info_states_the_rule():
     assert asyncio.run(collect({RULE_KEY: RECOMPUTED})) == [None, RECOMPUTED]
 
 
+def test_the_stamp_follows_the_schedulers_word():
+    """The stamp is earned: a retracted answer is stamped from the word the scheduler sent in customized_info (the
+    last word of the accumulated per-token list), and without a word it carries no stamp; an answer never
+    retracted is sampling-time; an opt-out is recomputed, asked."""
+    from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, META_KEY, RECOMPUTED, SAMPLING_TIME, stamp
+
+    kept = {"rule": SAMPLING_TIME, "retractions": 2, "kept_rows": 6}
+    off = {"rule": RECOMPUTED, "why": "its kept rows would take 9 MB"}
+    for words, rule in (([None, None, kept], SAMPLING_TIME), ([None, off], RECOMPUTED)):
+        meta = {"routed_experts": "AAAA", "num_retractions": 2, EVIDENCE_KEY: words}
+        stamp(meta, SAMPLING_TIME)
+        assert (meta[META_KEY], meta[EVIDENCE_KEY]) == (rule, words[-1])
+    meta = {"routed_experts": "AAAA", "num_retractions": 1}
+    stamp(meta, SAMPLING_TIME)
+    assert META_KEY not in meta and EVIDENCE_KEY not in meta   # retracted, the scheduler said nothing
+    meta = {"routed_experts": "AAAA", "num_retractions": 0}
+    stamp(meta, SAMPLING_TIME)
+    assert meta == {"routed_experts": "AAAA", "num_retractions": 0, META_KEY: SAMPLING_TIME}
+    meta = {"routed_experts": "AAAA", "num_retractions": 1}
+    stamp(meta, RECOMPUTED)
+    assert meta[EVIDENCE_KEY] == {"rule": RECOMPUTED, "asked": True}
+
+
+def test_the_word_rides_on_customized_info_to_the_last_token():
+    """The scheduler's word: one value per output token (the streamer slices each chunk from send_token_offset),
+    the word at the last; nothing for a request the fix never saw retracted or with no output."""
+    from types import SimpleNamespace
+
+    from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, send_evidence
+
+    req = SimpleNamespace(output_ids_through_stop=[5, 6, 7], customized_info=None)
+    send_evidence(req, {"rule": "sampling-time"})
+    assert req.customized_info == {EVIDENCE_KEY: [None, None, {"rule": "sampling-time"}]}
+    assert req.customized_info[EVIDENCE_KEY][2:3] == [{"rule": "sampling-time"}]   # the last chunk's slice
+    for word, out in ((None, [1]), ({"rule": "x"}, [])):
+        req = SimpleNamespace(output_ids_through_stop=out, customized_info=None)
+        send_evidence(req, word)
+        assert req.customized_info is None
+
+
+# what carries a Req's customized_info from the scheduler to the answer's meta_info on every reviewed release
+CHANNEL = {
+    "managers/scheduler_components/output_streamer.py": ("req.customized_info.items()",
+                                                         "req_values[send_token_offset : len(output_ids_)]",
+                                                         "wrap_as_pickle(self.customized_info)"),
+    "managers/detokenizer_manager.py": ("customized_info=recv_obj.customized_info",),
+    "managers/tokenizer_manager.py": ("customized_info = unwrap_from_pickle(recv_obj.customized_info)",),
+}
+ACCUMULATE = (("state.customized_info_accumulated[k].extend(v[i])", "meta_info[k] = state.customized_info_accumulated[k]"),
+              ("accumulated.extend(values)", "meta_info[key] = accumulated"))   # 0.5.15.post1-0.5.18, 0.5.19+
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_customized_info_reaches_meta_info_on_variant(variant):
+    """The channel the earned stamp rides on, pinned in each release's own source: the streamer sends each
+    per-token customized_info key's slice, BatchTokenIDOutput and BatchStrOutput carry it, the detokenizer passes
+    it on, and the tokenizer manager accumulates it into meta_info[key] (scenario `retraction_state_capped` runs
+    the ends through SGLang's own code; the transport is this)."""
+    import glob
+
+    srt = glob.glob(str(python_of(variant).parent.parent / "lib" / "python3*" / "site-packages" / "sglang" / "srt"))
+    assert srt, f"no sglang tree for {variant}"
+    for rel, needles in CHANNEL.items():
+        text = open(f"{srt[0]}/{rel}").read()
+        for needle in needles:
+            assert needle in text, f"{variant} {rel}: {needle!r} missing"
+    text = open(f"{srt[0]}/managers/tokenizer_manager.py").read()
+    assert any(all(n in text for n in pair) for pair in ACCUMULATE), f"{variant}: the tokenizer no longer accumulates"
+    io = open(f"{srt[0]}/managers/io_struct.py").read()
+    assert io.count("customized_info: Optional[PickleWrapper] = None") >= 2   # BatchTokenIDOutput, BatchStrOutput
+
+
 def _req(kept=None):
     from types import SimpleNamespace
 

@@ -17,7 +17,19 @@ Fix (three surgical wrappers):
   re-prefill's rows for their positions; rows after come from the buffer (sampling-time too: the
   re-prefill's last row and every decode/verify row after it produced the tokens that followed).
 - AFTER the tokenizer manager's `_wait_one_response`: every answer carrying routed experts states the rule
-  in ``meta_info[META_KEY]`` (`SAMPLING_TIME`, or `RECOMPUTED` for a request that opted out).
+  in ``meta_info[META_KEY]`` (`SAMPLING_TIME`, or `RECOMPUTED`), earned from the scheduler (below).
+
+The stamp is earned: the tokenizer manager runs in another process than the scheduler that kept (or dropped)
+the rows, so at finish the collect hook puts what the scheduler did (`evidence`) into the request's own
+`Req.customized_info[EVIDENCE_KEY]`, a per-token list with the word at the last token. SGLang carries every
+`customized_info` key to the tokenizer on every reviewed release (the streamer sends each chunk's slice,
+BatchTokenIDOutput / BatchStrOutput carry it pickled, the tokenizer manager accumulates it into
+``meta_info[key]``); the state hook reads it back and stamps from it: `SAMPLING_TIME` with
+``meta_info[EVIDENCE_KEY] = {"rule", "retractions", "kept_rows"}`` when the scheduler kept the rows of every
+retraction it saw, `RECOMPUTED` with ``{"rule", "why"}`` when a cap or a failure turned the fix off, `RECOMPUTED`
+with ``{"rule", "asked": True}`` for a request that opted out. A retracted answer without the scheduler's word
+(a scheduler without the fix) carries no stamp; an answer never retracted is `SAMPLING_TIME` (SGLang's rows are
+the ones it was sampled with).
 
 Bounded and guarded (the hooks run inside SGLang's scheduler and tokenizer manager): a request keeps at most
 `PER_REQUEST_ENV` MB of rows and a scheduler process at most `PER_PROCESS_ENV` MB for all its requests (a
@@ -49,6 +61,8 @@ RULE_KEY = "slime_moe_rollout.retraction_rows"  # sampling_params.custom_params:
 SAMPLING_TIME = "sampling-time"
 RECOMPUTED = "recomputed"
 OFF = "_slime_moe_rollout_rows_off"           # on the Req: why its rows are SGLang's (a cap, a failure)
+SEEN = "_slime_moe_rollout_retractions_seen"   # on the Req: retractions whose rows this fix kept
+EVIDENCE_KEY = "routed_experts_retraction_evidence"  # customized_info -> meta_info: what the scheduler did
 PER_REQUEST_ENV = "SLIME_MOE_ROLLOUT_KEPT_MB_PER_REQUEST"
 PER_PROCESS_ENV = "SLIME_MOE_ROLLOUT_KEPT_MB_PER_PROCESS"
 CAPS_MB = {PER_REQUEST_ENV: 512.0, PER_PROCESS_ENV: 4096.0}   # defaults
@@ -134,12 +148,16 @@ def _mb(n: int) -> str:
 def _keep_rows(req, req_pool_idx, req_to_token_pool):
     from sglang.srt.state_capturer.routed_experts import get_global_experts_capturer
 
-    if not getattr(req, "return_routed_experts", False) or req_pool_idx is None or not req.output_ids:
-        return  # no token sampled yet (a chunked prefill retracted mid-prompt): nothing to keep
+    if not getattr(req, "return_routed_experts", False):
+        return
     if getattr(req, OFF, None) or _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
         return
+    if not req.output_ids:   # no token sampled yet (a chunked prefill retracted mid-prompt): nothing to keep
+        setattr(req, SEEN, (getattr(req, SEEN, None) or 0) + 1)
+        return
     capturer = get_global_experts_capturer()
-    if capturer is None:
+    if capturer is None or req_pool_idx is None:
+        _off(req, "its rows could not be read before the retraction (no capturer or no KV row)")
         return
     seqlen = len(req.origin_input_ids) + len(req.output_ids)
     start = min(req.routed_experts_start_len or 0, seqlen - 1)
@@ -153,7 +171,32 @@ def _keep_rows(req, req_pool_idx, req_to_token_pool):
                   f"requests (caps: {_mb(per_request)} MB a request, {_mb(per_process)} MB a process)")
         return
     setattr(req, KEPT, kept)
+    setattr(req, SEEN, (getattr(req, SEEN, None) or 0) + 1)
     _holders[id(req)] = req
+
+
+def evidence(req):
+    """What this scheduler did with a finished request's rows (None: it never saw the request retracted)."""
+    off = getattr(req, OFF, None)
+    if off:
+        return {"rule": RECOMPUTED, "why": str(off)}
+    if _rule(getattr(req.sampling_params, "custom_params", None)) == RECOMPUTED:
+        return None   # the tokenizer manager reads the rule from the request itself
+    seen, kept = getattr(req, SEEN, None), getattr(req, KEPT, None)
+    if not seen:
+        return None
+    return {"rule": SAMPLING_TIME, "retractions": int(seen), "kept_rows": 0 if kept is None else int(kept[1].shape[0])}
+
+
+def send_evidence(req, word) -> None:
+    """`word` to the tokenizer manager through SGLang's own channel: ``req.customized_info[EVIDENCE_KEY]``, one
+    value per output token (the streamer sends each chunk's slice), the word at the last one."""
+    n = len(req.output_ids_through_stop)
+    if word is None or n == 0:
+        return
+    if req.customized_info is None:
+        req.customized_info = {}
+    req.customized_info[EVIDENCE_KEY] = [None] * (n - 1) + [word]
 
 
 def keep_on_release(original, *args, **kwargs):
@@ -179,16 +222,27 @@ def keep_on_release_req_idx(original, *args, **kwargs):
 def splice_on_collect(original, self, req, *args, **kwargs):
     """AROUND _maybe_collect_routed_experts: the kept rows over the re-prefill's rows."""
     out = original(self, req, *args, **kwargs)
+    if getattr(req, "routed_experts", None) is None:
+        return out
+    word = None
     try:
         kept = getattr(req, KEPT, None)
-        if kept is not None and getattr(req, "routed_experts", None) is not None:
+        if kept is not None:
             seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)
             start = min(req.routed_experts_start_len or 0, seqlen - 1)
             req.routed_experts = splice(req.routed_experts, start, kept)
-            setattr(req, KEPT, None)
-            _holders.pop(id(req), None)
+        word = evidence(req)
     except Exception as e:  # noqa: BLE001 - SGLang's rows stay
         _failed(req, "splicing its kept rows", e)
+        word = {"rule": RECOMPUTED, "why": getattr(req, OFF, None) or "splicing failed"}
+    finally:
+        setattr(req, KEPT, None)
+        _holders.pop(id(req), None)
+    try:
+        send_evidence(req, word)
+    except Exception as e:  # noqa: BLE001 - the answer then carries no stamp (the client refuses it if it must)
+        logger.warning("slime-moe-rollout retraction-rows: request %s: sending its evidence failed (%s: %s); its "
+                       "answer is unstamped", getattr(req, "rid", None), type(e).__name__, e)
     return out
 
 
@@ -204,13 +258,26 @@ def state_rule(result, self, obj, *args, **kwargs):
     return _with_rule(result, rule, getattr(obj, "rid", None))
 
 
+def stamp(meta: dict, rule: str) -> None:
+    """The answer's stamp from the scheduler's word (`EVIDENCE_KEY`, as SGLang accumulated it), else from the
+    request's rule for an opt-out or an answer never retracted; a retracted answer without a word: no stamp."""
+    raw = meta.pop(EVIDENCE_KEY, None)
+    word = next((w for w in reversed(raw) if isinstance(w, dict)), None) if isinstance(raw, list) else None
+    if word is not None:
+        meta[META_KEY], meta[EVIDENCE_KEY] = word.get("rule"), word
+    elif rule == RECOMPUTED:
+        meta[META_KEY], meta[EVIDENCE_KEY] = RECOMPUTED, {"rule": RECOMPUTED, "asked": True}
+    elif not meta.get("num_retractions"):
+        meta[META_KEY] = SAMPLING_TIME
+
+
 async def _with_rule(gen, rule, rid=None):
     try:
         async for out in gen:
             try:
                 meta = out.get("meta_info") if rule and isinstance(out, dict) else None
                 if isinstance(meta, dict) and meta.get("routed_experts") is not None:
-                    meta[META_KEY] = rule
+                    stamp(meta, rule)
             except Exception as e:  # noqa: BLE001 - this answer and the rest pass unstamped
                 rule = None
                 logger.warning("slime-moe-rollout retraction-rows: request %s: stamping its answer failed "

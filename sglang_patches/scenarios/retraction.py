@@ -462,6 +462,60 @@ def wait_one_response(outs, custom_params=None):
     return asyncio.run(answers())
 
 
+def sent(req) -> dict:
+    """The request's `customized_info` as the scheduler's streamer sends it in its finishing chunk (each key's
+    slice from `send_token_offset` to the end of `output_ids_through_stop`, every reviewed release) and the
+    tokenizer manager puts it into meta_info (one chunk: accumulated = sent). A stand-in for the transport
+    (BatchTokenIDOutput / BatchStrOutput carry the dict pickled); tests/test_retraction_rows.py pins those
+    lines of every release's source."""
+    end = len(req.output_ids_through_stop)
+    return {k: v[req.send_token_offset or 0: end] for k, v in (req.customized_info or {}).items()}
+
+
+def _answer_of(e, custom_params=None):
+    """The request finishes (SGLang's collect, the plugin's hooks), its evidence travels, and SGLang's own
+    `_wait_one_response` (the state hook) yields the answer's meta_info."""
+    e.finish()
+    meta = {"routed_experts": "AAAA", "finish_reason": None, "num_retractions": e.req.retraction_count, **sent(e.req)}
+    return wait_one_response([{"text": "x", "meta_info": meta}], custom_params)[-1]["meta_info"]
+
+
+def _stamp(meta, want_rule, **want):
+    from sglang_patches.fixes.retraction_rows import EVIDENCE_KEY, META_KEY
+
+    rule, word = meta.get(META_KEY), meta.get(EVIDENCE_KEY)
+    ok = rule == want_rule and isinstance(word, dict) and all(
+        (v(word.get(k)) if callable(v) else word.get(k) == v) for k, v in want.items())
+    return {"ok": ok, "detail": f"stamp {rule!r}, evidence {word!r}, want {want_rule!r}"}
+
+
+@scenario
+def retraction_state_kept():
+    # Retracted once after 3 output tokens: the scheduler kept rows for positions 0..5 and says so; the answer
+    # is stamped sampling-time with that evidence.
+    from sglang_patches.fixes.retraction_rows import SAMPLING_TIME
+
+    with ExitStack() as stack:
+        e = Engine(stack)
+        _retracted(e)
+        return _stamp(_answer_of(e), SAMPLING_TIME, retractions=1, kept_rows=6)
+
+
+@scenario
+def retraction_state_capped():
+    # The per-request cap (40 bytes: less than the 6 kept rows of 1 layer x top-2 int32, 48 bytes) turns the
+    # fix off at the retraction: the rows are SGLang's, and the answer must say "recomputed", not sampling-time.
+    import os
+
+    from sglang_patches.fixes.retraction_rows import PER_REQUEST_ENV, RECOMPUTED
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, {PER_REQUEST_ENV: str(40 / (1 << 20))}))
+        e = Engine(stack)
+        _retracted(e)
+        return _stamp(_answer_of(e), RECOMPUTED, why=lambda w: isinstance(w, str) and "caps" in w)
+
+
 @scenario
 def retraction_state_stamped():
     # A finished answer carrying routed experts names the rule of its rows (sampling-time by default).
@@ -486,6 +540,8 @@ EXPECT_STOCK = {
                                       "the kept [[4, 5], [7, 5], [1, 5], [7, 1], [0, 2], [7, 2]]",
     "retraction_routes_dp_padded": "re-prefill routes [[7, 6], [4, 2], [7, 3], [5, 4], [6, 7], [5, 4]], want "
                                    "the kept [[2, 1], [1, 7], [1, 5], [7, 1], [0, 2], [7, 2]]",
+    "retraction_state_kept": "stamp None, evidence None",
+    "retraction_state_capped": "stamp None, evidence None",   # (before the scheduler's word: 'sampling-time')
     "retraction_state_stamped": "answer meta_info keys [['finish_reason', 'routed_experts']], "
                                 "routed_experts_retraction [None]",   # no key: the client cannot tell
 }
