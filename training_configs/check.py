@@ -15,6 +15,7 @@ from sglang_patches.fixes.accepted_path_rows import tree_drafts
 from sglang_patches.registry import sglang_version
 from sglang_patches.status import fixes_for_config
 from training_configs.derive import Derived, our_derive, sglang_derive
+from training_configs.replay_check import mtp_replay
 from training_configs.schema import ConfigError, EngineGroup, TrainingConfig, keyless_network_problem, load_config
 from training_configs.server_args import PORTS_PER_ENGINE, engine_port, server_fields
 from training_configs.slime_check import managed_checks
@@ -169,6 +170,9 @@ def check_config(cfg: TrainingConfig, use_sglang: bool = True) -> Report:
     report = Report(cfg)
     if cfg.slime.integration == "managed":
         report.warnings += managed_checks(cfg)
+    notes, warnings = mtp_replay(cfg)
+    report.notes += notes
+    report.warnings += warnings
     if use_sglang and sglang_version() is None:
         raise CliError("SGLang is not installed here: install the release the engines run (pip install sglang==...) "
                        "or check with our copy of SGLang 0.5.23's rules: config check --no-sglang")

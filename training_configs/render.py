@@ -30,6 +30,17 @@ SLIME_UNREGISTERED = frozenset({
 })
 
 
+def trainer_flags(cfg: TrainingConfig) -> dict:
+    """`megatron.extra_args` and `slime.extra_args` together, names with underscores (both go to slime's train.py)."""
+    extra = {**(cfg.megatron.extra_args if cfg.megatron else {}), **cfg.slime.extra_args}
+    return {k.replace("-", "_"): v for k, v in extra.items()}
+
+
+def user_megatron_init(cfg: TrainingConfig):
+    """The config's own `custom_megatron_init_path` (then `REPLAY_PADDING_INIT` is not rendered), or None."""
+    return trainer_flags(cfg).get("custom_megatron_init_path")
+
+
 def sglang_args(cfg: TrainingConfig, group: EngineGroup, model_path: str | None = None) -> list[str]:
     return fields_to_flags(server_fields(cfg, group, model_path))
 
@@ -86,8 +97,7 @@ def slime_args(cfg: TrainingConfig, mode: str | None = None, addrs: list[str] | 
         if mg.max_tokens_per_gpu:
             out += ["--max-tokens-per-gpu", str(mg.max_tokens_per_gpu)]
         out += fields_to_flags({k.replace("-", "_"): v for k, v in mg.extra_args.items()})
-        user_init = {k.replace("-", "_") for k in [*mg.extra_args, *cfg.slime.extra_args]} & {"custom_megatron_init_path"}
-        if g.routed_experts and not user_init:  # replay padding spread over EP ranks (slime#2308)
+        if g.routed_experts and user_megatron_init(cfg) is None:  # replay padding spread over EP ranks (slime#2308)
             out += ["--custom-megatron-init-path", REPLAY_PADDING_INIT]
     elif mode == "plugin":
         out += ["--rollout-num-gpus", str(g.engines * g.gpus_per_engine)]
