@@ -191,17 +191,15 @@ def step(name, fn):
         sys.exit(1)
 
 
-def main(config, model_path, addrs):
+def attach_slime(args, addrs) -> list:
+    """slime's own start-up against external engines: `discover_external_engines`, slime's router
+    (`_start_router`), one `SGLangEngine.init` per engine (server-args check, router registration), until the
+    router lists them all. Sets args.sglang_router_ip/port and rollout_num_gpus; returns the engine infos."""
     import httpx
     from slime.backends.sglang_utils import external, sglang_engine
     from slime.ray.rollout import _start_router
-    from slime.rollout import sglang_rollout
     from slime.utils import http_utils
 
-    from rollout.slime import generate_rollout
-    from training_configs.schema import load_config
-
-    args = slime_args(load_config(config), model_path, addrs)
     http_utils.init_http_client(args)
     infos = []
     step("discover_external_engines (GET /server_info, no key)",
@@ -235,6 +233,17 @@ def main(config, model_path, addrs):
             time.sleep(0.5)
         raise AssertionError(f"slime's router lists {urls}, not the {len(infos)} engines slime registered")
     step("router /workers (every engine registered)", registered)
+    return infos
+
+
+def main(config, model_path, addrs):
+    from slime.rollout import sglang_rollout
+
+    from rollout.slime import generate_rollout
+    from training_configs.schema import load_config
+
+    args = slime_args(load_config(config), model_path, addrs)
+    infos = attach_slime(args, addrs)
     prompts = ["the quick brown fox", "rollout routing replay records experts", "one two three"]
     out = {}
     peaks = {}

@@ -17,6 +17,8 @@
 # environment of another reviewed SGLang version (ENV/bin/python; scripts/setup_sglang_env.sh VERSION
 # builds .venvs/sglang-VERSION), so the same checks run against engines of each version. The script
 # holds $ENGINE_LOCK (/tmp/engine.lock) while engines run; ENGINE_LOCK= (empty) when the caller holds it.
+# DRIVER (default check_against_slime.py): the client script run against the engines (scripts/check_parity.sh
+# runs check_parity.py on the same start-up).
 set -euo pipefail
 USAGE="usage: scripts/check_against_slime.sh [--engine-env ENV] SLIME_SRC"
 ENGINE_PYTHON=${ENGINE_PYTHON:-}
@@ -76,8 +78,9 @@ done
 ADDRS=$(head -1 "$WORK/addrs")
 grep -E '^(ready|WARNING)' "$WORK/serve.err" || true
 MODEL=$(PYTHONPATH="$ROOT" "$ENGINE_PYTHON" -c "from rollout import config as c; print(c.load('$CONFIG').model_path())")
-timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/check_against_slime.py" "$CONFIG" "$MODEL" $ADDRS \
+DRIVER=${DRIVER:-check_against_slime.py}
+ENGINE_PYTHON="$ENGINE_PYTHON" timeout "$BUDGET_S" "$SLIME_PYTHON" "$ROOT/scripts/$DRIVER" "$CONFIG" "$MODEL" $ADDRS \
   2>"$WORK/client.err" > "$WORK/client.out" || rc=$?
-grep -E '^\[(ok|FAILED|GAP)\]' "$WORK/client.out" || true     # slime's router logs to stdout too
+grep -E '^\[(ok|FAILED|GAP|equal|explained|DIFF|note)\]' "$WORK/client.out" || true   # slime's router logs to stdout too
 if [ "${rc:-0}" != 0 ]; then tail -30 "$WORK/client.err" >&2; exit 1; fi
-echo "all slime checks passed against $ADDRS"
+echo "all slime checks passed against $ADDRS ($DRIVER)"
