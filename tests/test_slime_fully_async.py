@@ -32,7 +32,8 @@ class VersionedWorker(FakeSGLang):
 
     def __init__(self):
         super().__init__({"/generate": self.generate_versioned, "/model_info": self.model_version})
-        self.version, self.requests, self.held = "1", [], set()
+        self.version, self.requests, self.held = "1", [], []
+        self.spans = True   # False: answer as 0.5.15.post1 / 0.5.16 do, the version at finish only
         self.gate = None
 
     def start(self):
@@ -46,6 +47,9 @@ class VersionedWorker(FakeSGLang):
     def release(self):
         self.loop.call_soon_threadsafe(self.gate.set)
 
+    def requests_of(self, first):
+        return [b for b in self.requests if b["input_ids"][0] == first]
+
     async def model_version(self, request):
         return web.json_response({"weight_version": self.version})
 
@@ -56,13 +60,15 @@ class VersionedWorker(FakeSGLang):
         if n > 0:
             self.requests.append(body)
         began = self.version
-        if ids[0] == HOLD and n > 0 and tuple(ids) not in self.held:
-            self.held.add(tuple(ids))
+        if ids[0] == HOLD and n > 0 and self.held.count(tuple(ids)) < 2:   # both samples' first requests
+            self.held.append(tuple(ids))
             await asyncio.wait_for(self.gate.wait(), 60)
         out = [(ids[-1] + 1 + i) % 300 for i in range(n)]
         meta = answer(out, {"type": "length"}, logprob=-0.5, weight_version=self.version,
                       prompt_tokens=len(ids))["meta_info"]
-        if began != self.version and n > 1:   # SGLang >= 0.5.19: which tokens each version sampled
+        if not self.spans:
+            meta.pop("weight_versions")
+        elif began != self.version and n > 1:   # SGLang >= 0.5.19: which tokens each version sampled
             meta["weight_versions"] = [{"version": began, "start": 0, "end": n // 2},
                                        {"version": self.version, "start": n // 2, "end": n}]
         else:
@@ -164,6 +170,15 @@ def test_without_the_bound_the_stale_group_is_delivered(stand):
     stale = _stale_delivered(outs, served, 1)
     assert len(stale) == 1 and stale[0][2] == 1, stale
     assert all(out.metrics["rollout/stale_groups"] == 0 for out in outs)
+
+
+def test_an_answer_without_spans_is_bounded_by_the_version_its_group_started_under(stand):
+    """0.5.15.post1 / 0.5.16 (slime's image) name only the version at finish: the long tail says "3" for every
+    token, yet it began under 1. The group is taken to be as old as the version current when it started."""
+    stand.worker.spans = False
+    outs, served = _steps(stand, [[HOLD, 1]] + PROMPTS[:5], 3, release_after=2, max_weight_version_lag=1)
+    assert sum(out.metrics["rollout/stale_regenerated"] for out in outs) == 1
+    assert len(stand.worker.requests_of(HOLD)) == 4   # both samples generated again, not delivered as they were
 
 
 def test_drop_policy_drops_the_stale_group_and_counts_it(stand):

@@ -24,6 +24,8 @@ older than `current - lag` is never delivered. `rollout.stale_groups` says what 
 is not trained). Both are counted: `rollout/stale_groups` per call. It is checked when a group finishes (before
 its reward) and again when the trainer takes it. `current` is the newest version any engine reports
 (`/model_info`) or any answer carried; versions compare as integers (slime's are), else in the order first seen.
+An answer without spans (SGLang before 0.5.19 names only the version at finish) bounds its group by the version
+current when the group started.
 """
 from __future__ import annotations
 
@@ -133,6 +135,7 @@ class Pool:
         self.versions = Versions()
         self.fresh: dict = {}      # manager group id -> the slime group as the data source gave it
         self.flying: set = set()   # manager group ids started, not finished
+        self.floor: dict = {}      # manager group id -> the current version when it started
         self.redo: list = []       # stale groups to start again
         self.ready: list = []      # (slime group, spans per sample, its fresh copy, on one rank)
         self.tasks: set = set()
@@ -142,9 +145,10 @@ class Pool:
         self.stale = {"regenerate": 0, "drop": 0}
         self.one_rank = 0          # delivered groups whose every attempt ran on one (engine, DP rank)
         self.reported = (dict(self.stale), 0, 0)   # the counters at the previous call's metrics
-        self.size = 1
+        self.size, self.want = 1, 1
 
     def sized(self, want: int) -> None:
+        """Groups in flight: the engines' concurrency over the group size, at least one per DP rank."""
         slots = list(getattr(self.backend.dispatcher, "slots", {}).values())
         cap = sum(getattr(s, "capacity", self.backend.options.concurrency) for s in slots)
         ranks = sum(getattr(s, "dp_ranks", 1) for s in slots)
@@ -172,17 +176,15 @@ class Pool:
             self.fresh[g.group_id] = copy.deepcopy(sg) if keep else sg.fresh
             STATE.pending[g.group_id] = sg
             self.flying.add(g.group_id)
+            self.floor[g.group_id] = self.versions.current
             groups.append(g)
         return groups
 
     def launch(self, groups: list) -> None:
         if groups:
-            task = asyncio.ensure_future(self.backend.rollout(groups, self, batch_size=_NEVER, refill=self._refill))
+            task = asyncio.ensure_future(self.backend.rollout(groups, self, batch_size=_NEVER, refill=self.top_up))
             self.tasks.add(task)
             task.add_done_callback(self._done)
-
-    def _refill(self) -> list:
-        return self.top_up()
 
     def _done(self, task) -> None:
         self.tasks.discard(task)
@@ -199,13 +201,16 @@ class Pool:
         for sp in spans:
             for s in sp:
                 self.versions.see(s["version"])
+        floor = self.floor.pop(group.group_id, None)
+        if floor is not None and not all(m.get("weight_versions") for ms in group.samples for _, _, m in ms.outputs):
+            spans = spans + [[{"version": floor}]]   # an answer without spans (before 0.5.19): no older than that
         if self._stale(group.group_id, spans):
             STATE.pending.pop(group.group_id, None)
         else:
             fresh = self.fresh.pop(group.group_id)
             if await self.sink.put(group):   # filled, hooks, reward, dynamic filter: as plugin mode
                 self.sink.groups = [g for g in self.sink.groups if g is not slime_group]
-                for s, sp in zip(slime_group, spans):
+                for s, sp in zip(slime_group, spans):   # (the floor, when added, is last: not a sample's)
                     s.metadata = dict(s.metadata or {}, **{SPANS: sp})
                 self.ready.append((list(slime_group), spans, fresh, on_one_rank(group.samples)))
         self.sink.all_groups.clear()   # slime's all-samples process is not run here (nor by slime's fully async)
@@ -224,6 +229,7 @@ class Pool:
 
     # ------------------------------------------------------------------ the trainer's side
     async def take(self, want: int) -> list:
+        """Up to `want` finished groups, (slime group, spans), as soon as they exist."""
         self.sized(want)
         await self._current()
         out: list = []
@@ -237,7 +243,7 @@ class Pool:
                     if self.policy == "regenerate":
                         self.redo.append(_Fresh(fresh))
                     continue
-                out.append(slime_group)
+                out.append((slime_group, spans))
                 self.one_rank += one
             self.launch(self.top_up())
             if len(out) >= want:
@@ -289,11 +295,21 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
             loop().run(_POOL.stop())
         _POOL = loop().run(_new_pool(args, backend, tokenizer, data_source))
     pool = _POOL
-    data = loop().run(_take(pool, want))
-    data.sort(key=lambda g: g[0].index if g[0].index is not None else 0)
+    data, metrics = loop().run(_take(pool, want))
     if pool.versions.current is not None:
         backend.set_weight_version(pool.versions.current)   # what a restarted engine must match
-    lags = [pool.versions.lag([s.metadata[SPANS] for s in g]) for g in data]
+    return RolloutFnTrainOutput(samples=data, metrics=metrics)
+
+
+async def _new_pool(args, backend, tokenizer, data_source) -> Pool:
+    return Pool(args, backend, tokenizer, data_source)   # its Event belongs to the adapter's loop
+
+
+async def _take(pool: Pool, want: int) -> tuple:
+    """The call's groups (sorted by index) and metrics, on the pool's loop."""
+    await pool.backend.relist(max_age_s=5.0)   # the workers slime's router lists now
+    taken = await pool.take(want)
+    data = sorted((g for g, _ in taken), key=lambda g: g[0].index if g[0].index is not None else 0)
     before, pool.reported = pool.reported, (dict(pool.stale), pool.one_rank, pool.sink.failed_groups)
     metrics = dict(pool.sink.filter.metrics())   # counts since the previous call (the pool runs in between)
     metrics.update({
@@ -303,19 +319,10 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
         "rollout/stale_regenerated": pool.stale["regenerate"] - before[0]["regenerate"],
         "rollout/stale_dropped": pool.stale["drop"] - before[0]["drop"],
         "rollout/max_weight_version_lag": pool.lag, "rollout/weight_version": pool.versions.current,
-        "rollout/delivered_lag_max": max(lags, default=0.0),
+        "rollout/delivered_lag_max": max((pool.versions.lag(spans) for _, spans in taken), default=0.0),
         "rollout/groups_on_one_rank": pool.one_rank - before[1],
         "rollout/failed_groups": pool.sink.failed_groups - before[2]})
-    return RolloutFnTrainOutput(samples=data, metrics=metrics)
-
-
-async def _new_pool(args, backend, tokenizer, data_source) -> Pool:
-    return Pool(args, backend, tokenizer, data_source)   # its Event belongs to the adapter's loop
-
-
-async def _take(pool: Pool, want: int) -> list:
-    await pool.backend.relist(max_age_s=5.0)   # the workers slime's router lists now
-    return await pool.take(want)
+    return data, metrics
 
 
 def reset() -> None:
