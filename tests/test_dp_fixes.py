@@ -21,11 +21,11 @@ def _hooked():
 
 
 def _registered():
-    """What the plugin registers outside a CPU engine: the hooked DP and R3 fixes and the features."""
+    """What the plugin registers outside a CPU engine: the hooked DP, R3 and weight-update fixes and the features."""
     from sglang_patches.registry import all_fixes
     from sglang_patches.states import FixState
 
-    return [f.name for f in all_fixes() if f.family in ("dp-attention", "r3", "feature")
+    return [f.name for f in all_fixes() if f.family in ("dp-attention", "r3", "weight-update", "feature")
             and f.ports[VARIANT].state is FixState.ACTIVE]
 
 

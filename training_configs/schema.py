@@ -59,6 +59,10 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     allow_unfixed: bool           true: admit engines whose needed fixes are not active (stock SGLang)
     restart_checkpoint: str|null  `serve`: weights a restarted engine loads before it may serve again
                                   (else it stays paused until its weight_version equals its peers')
+    weight_update_pause: "retract"|"abort"|null  how an abort-mode /pause_generation (slime's, at every weight
+                                  update) pauses: retract keeps the requests in flight (they resume under the new
+                                  weights); null: retract where the engine returns routed experts, else abort.
+                                  The engines get it as SLIME_MOE_ROLLOUT_WEIGHT_UPDATE_PAUSE (docs/fixes.md)
     partial_rollout: bool         return aborted stragglers with tokens so far
     group_placement: "group"|"sample"  group: each group on one (engine, DP rank), prompt prefilled once;
                                   sample: each sample to the least-busy engine, the engine picks the rank
@@ -276,6 +280,7 @@ class RolloutConfig(_Model):
     allow_unauthenticated_network: bool = False
     allow_unfixed: bool = False
     restart_checkpoint: Optional[str] = None
+    weight_update_pause: Optional[Literal["retract", "abort"]] = None
     partial_rollout: bool = True
     group_placement: Literal["group", "sample"] = "group"
     max_weight_version_lag: Optional[int] = Field(None, ge=0)
@@ -391,6 +396,18 @@ class TrainingConfig(_Model):
             if g.name == name:
                 return g
         raise KeyError(name)
+
+    @model_validator(mode="after")
+    def _weight_update_pause(self):
+        """rollout.weight_update_pause reaches every engine as the plugin's switch (its environment variable)."""
+        from sglang_patches.fixes.weight_update_pause import ENV
+
+        mode = self.rollout.weight_update_pause
+        for i, g in enumerate(self.engine_groups if mode else ()):
+            if g.env.setdefault(ENV, mode) != mode:
+                raise ValueError(f"engine_groups[{i}].env.{ENV}: {g.env[ENV]!r} contradicts "
+                                 f"rollout.weight_update_pause {mode!r}")
+        return self
 
     @model_validator(mode="after")
     def _fits(self):

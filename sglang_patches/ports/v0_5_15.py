@@ -21,6 +21,7 @@ from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as c
                                   draft_token_count as dtc, routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.registry import Port, same_as
 from sglang_patches.states import FixState
 
@@ -49,6 +50,8 @@ PORTS = {
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "bd3c33a693d14000", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "a1fba558fef5e717"}),  # slime's patches leave all three alone
     "retraction-routes": Port({rro.PLAN: "7467af5eea027cfe", rro.FORCE: "d35e7c95c6f53c68"}),
+    "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
+                                 wup.FLUSH_PAUSED: "df78e1c0280fd296"}),
     # CPU family (0.5.15's BaseHostCache pins its own buffer: a second hook)
     "cpu-host-register": Port({hr.SKIP_REGISTER: "408f1eed3b00a7e6", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST),

@@ -10,6 +10,7 @@ from sglang_patches.fixes import (draft_extend_real_rows as de, draft_token_coun
                                   verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -29,6 +30,8 @@ PORTS = {
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "d4331967c8e9c257", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "ddde0e6b71c3e1cd"}),
     "retraction-routes": Port({rro.PLAN: "f124fb309e6cc91b", rro.FORCE: "0dd7a28e1b9b7c18"}),
+    "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
+                                 wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

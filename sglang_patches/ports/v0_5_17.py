@@ -8,6 +8,7 @@ CPU family: `moe_forward_native` moved (not ported: a CPU engine with EP refuses
 from sglang_patches.fixes import (draft_extend_real_rows as de, draft_token_count as dtc, routed_experts_rows as rer,
                                   verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -26,6 +27,8 @@ PORTS = {
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": same_as("v0_5_16"),
     "retraction-routes": Port({rro.PLAN: "af728442e936b53c", rro.FORCE: "0dd7a28e1b9b7c18"}),
+    "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "0f1a80fb39ea1580",
+                                 wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -7,6 +7,7 @@ no longer imports `get_server_args`: the config-bag hook (DP width `get_parallel
 from sglang_patches.fixes import draft_token_count as dtc, routed_experts_rows as rer
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -26,6 +27,8 @@ PORTS = {
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "caff2168f6734304", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "ddde0e6b71c3e1cd"}),
     "retraction-routes": Port({rro.PLAN: "9f6338ab4b5cc3d8", rro.FORCE: "0dd7a28e1b9b7c18"}),
+    "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
+                                 wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -25,6 +25,7 @@ PORTS = {
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": same_as("v0_5_23"),
     "retraction-routes": Port({rro.PLAN: "8bfc6d00f35c796c", rro.FORCE: "bca6b45583429e3c"}),
+    "weight-update-pause": same_as("v0_5_23"),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -1,5 +1,6 @@
-"""Every scenario list in one interpreter: the DP-attention scenarios (`dp`), retraction (`retraction`) and
-tree capture (`tree_capture`), so a release's environment imports SGLang once per state.
+"""Every scenario list in one interpreter: the DP-attention scenarios (`dp`), retraction (`retraction`),
+tree capture (`tree_capture`) and weight updates (`weight_update`), so a release's environment imports SGLang
+once per state.
 
     python -m sglang_patches.scenarios.every STATE    # as the runner runs any scenario module
 
@@ -7,9 +8,9 @@ The version matrix runs it on every reviewed release; each list also runs alone 
 """
 import sys
 
-from sglang_patches.scenarios import dp, retraction, tree_capture
+from sglang_patches.scenarios import dp, retraction, tree_capture, weight_update
 
-LISTS = (dp.SCENARIOS, retraction.SCENARIOS, tree_capture.SCENARIOS)
+LISTS = (dp.SCENARIOS, retraction.SCENARIOS, tree_capture.SCENARIOS, weight_update.SCENARIOS)
 
 
 def scenarios() -> dict:
