@@ -55,6 +55,7 @@ FIX_MODULES = (
     "sglang_patches.fixes.retraction_rows",
     "sglang_patches.fixes.retraction_routes",
     "sglang_patches.fixes.weight_update_pause",
+    "sglang_patches.fixes.tokenizer_workers",
     "sglang_patches.cpu.fixes",
     "sglang_patches.cpu.graphs",
     "sglang_patches.features.routed_experts_wire",

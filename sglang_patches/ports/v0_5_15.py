@@ -22,6 +22,7 @@ from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as c
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import Port, same_as
 from sglang_patches.states import FixState
 
@@ -52,6 +53,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "7467af5eea027cfe", rro.FORCE: "d35e7c95c6f53c68"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
                                  wup.FLUSH_PAUSED: "df78e1c0280fd296"}),
+    "tokenizer-workers": Port({tw.LOAD: "5885ee07efea2af2"}),
     # CPU family (0.5.15's BaseHostCache pins its own buffer: a second hook)
     "cpu-host-register": Port({hr.SKIP_REGISTER: "408f1eed3b00a7e6", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST),

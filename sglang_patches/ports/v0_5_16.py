@@ -32,6 +32,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "f124fb309e6cc91b", rro.FORCE: "0dd7a28e1b9b7c18"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
                                  wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
+    "tokenizer-workers": same_as("v0_5_15"),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

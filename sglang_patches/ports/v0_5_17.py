@@ -9,6 +9,7 @@ from sglang_patches.fixes import (draft_extend_real_rows as de, draft_token_coun
                                   verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -29,6 +30,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "af728442e936b53c", rro.FORCE: "0dd7a28e1b9b7c18"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "0f1a80fb39ea1580",
                                  wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
+    "tokenizer-workers": Port({tw.LOAD: "2e3fa3776d38713a"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -8,6 +8,7 @@ from sglang_patches.fixes import draft_token_count as dtc, routed_experts_rows a
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -29,6 +30,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "9f6338ab4b5cc3d8", rro.FORCE: "0dd7a28e1b9b7c18"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
                                  wup.FLUSH_PAUSED: "329b21dd4c3abcf5"}),
+    "tokenizer-workers": Port({tw.LOAD: "5b85af984cdb6570"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_15"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

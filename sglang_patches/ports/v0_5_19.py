@@ -23,6 +23,7 @@ from sglang_patches.fixes import (capturer_extent as ce, draft_extend_real_rows 
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import Port, same_as
 from sglang_patches.states import FixState
 
@@ -48,6 +49,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "2a00c5a8a9829f81", rro.FORCE: "ec7e6abd996c6022"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "0d3dc8a3d516ad03",
                                  wup.FLUSH_PAUSED: "7d4415b07b4b7b9a"}),
+    "tokenizer-workers": Port({tw.LOAD: "66ceeea7d321eba3"}),
     # CPU family
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a", hr.UNPINNED_HOST_CACHE: "24c16491a52570c3"},
                               test=ENGINE_TEST_0_5_15),

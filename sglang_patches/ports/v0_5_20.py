@@ -9,6 +9,7 @@ compact-routed-experts: 0.5.23's sources (`get_internal_state` reworded).
 from sglang_patches.fixes import draft_token_count as dtc, verify_padding_lcm as vpl
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import NOT_PORTED, Port, same_as
 
 from . import FIX_TEST
@@ -29,6 +30,7 @@ PORTS = {
     "retraction-routes": Port({rro.PLAN: "e81d7476d643abe9", rro.FORCE: "88c941e724102603"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "f4822939e280a0aa",
                                  wup.FLUSH_PAUSED: "7d4415b07b4b7b9a"}),
+    "tokenizer-workers": Port({tw.LOAD: "b4607c4fe1da25e9"}),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

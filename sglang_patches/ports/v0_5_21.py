@@ -33,6 +33,7 @@ PORTS = {
     "retraction-rows": Port({rr.KEEP: "8927d8193e9b876c", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
     "retraction-routes": Port({rro.PLAN: "8c6ed80ef5c4aad7", rro.FORCE: "341b770111507e5e"}),
     "weight-update-pause": same_as("v0_5_23"),
+    "tokenizer-workers": same_as("v0_5_20"),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -26,6 +26,7 @@ PORTS = {
     "retraction-rows": same_as("v0_5_23"),
     "retraction-routes": Port({rro.PLAN: "8bfc6d00f35c796c", rro.FORCE: "bca6b45583429e3c"}),
     "weight-update-pause": same_as("v0_5_23"),
+    "tokenizer-workers": same_as("v0_5_20"),
     # CPU family
     "cpu-host-register": same_as("v0_5_23"),
     "cpu-cuda-synchronize": same_as("v0_5_23"),

@@ -16,6 +16,7 @@ from sglang_patches.fixes import (accepted_path_rows as apr, capturer_extent as 
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
 from sglang_patches.fixes import weight_update_pause as wup
+from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import Port
 from sglang_patches.states import FixState
 
@@ -46,6 +47,7 @@ PORTS = {
     "retraction-rows": Port({rr.KEEP: "e9a690b5c7084bb5", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
     "retraction-routes": Port({rro.PLAN: "4e9bb4d5e649e2f1", rro.FORCE: "4402979b49f0f123"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "f4822939e280a0aa"}),
+    "tokenizer-workers": Port({tw.LOAD: "7b68d6a8a80953ba"}),
     # CPU family
     "cpu-host-register": Port({hr.SKIP_REGISTER: "f13fb8ab7ebf962a"}),
     "cpu-cuda-synchronize": Port({cs.NO_SYNC: "3438d8ef569c0d5f"}),
