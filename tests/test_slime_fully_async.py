@@ -159,6 +159,7 @@ def test_a_group_older_than_the_lag_is_regenerated_not_delivered(stand):
     assert len(held) == 1 and {s["version"] for x in held[0] for s in x.metadata[SPANS]} == {"3"}
     assert sum(out.metrics["rollout/stale_groups"] for out in outs) == 1
     assert sum(out.metrics["rollout/stale_regenerated"] for out in outs) == 1
+    assert sum(out.metrics["rollout/stale_tokens"] for out in outs) == 2 * 4   # both samples' responses
     delivered = [g[0].index for out in outs for g in out.samples]
     assert len(delivered) == len(set(delivered)) == 6
 

@@ -143,8 +143,9 @@ class Pool:
         self.wake = asyncio.Event()
         self.dry = False           # the data source gave nothing last time
         self.stale = {"regenerate": 0, "drop": 0}
+        self.stale_tokens = 0      # response tokens of stale groups, thrown away
         self.one_rank = 0          # delivered groups whose every attempt ran on one (engine, DP rank)
-        self.reported = (dict(self.stale), 0, 0)   # the counters at the previous call's metrics
+        self.reported = (dict(self.stale), 0, 0, 0)   # the counters at the previous call's metrics
         self.size, self.want = 1, 1
 
     def sized(self, want: int) -> None:
@@ -204,7 +205,7 @@ class Pool:
         floor = self.floor.pop(group.group_id, None)
         if floor is not None and not all(m.get("weight_versions") for ms in group.samples for _, _, m in ms.outputs):
             spans = spans + [[{"version": floor}]]   # an answer without spans (before 0.5.19): no older than that
-        if self._stale(group.group_id, spans):
+        if self._stale(group.group_id, spans, sum(len(ms.response_ids) for ms in group.samples)):
             STATE.pending.pop(group.group_id, None)
         else:
             fresh = self.fresh.pop(group.group_id)
@@ -217,11 +218,12 @@ class Pool:
         self.wake.set()
         return False
 
-    def _stale(self, group_id, spans) -> bool:
+    def _stale(self, group_id, spans, tokens: int) -> bool:
         """Stale groups are regenerated (from the prompt) or dropped, and counted; never delivered."""
         if self.lag is None or self.versions.lag(spans) <= self.lag:
             return False
         self.stale[self.policy] += 1
+        self.stale_tokens += tokens
         fresh = self.fresh.pop(group_id)
         if self.policy == "regenerate":
             self.redo.append(_Fresh(fresh))
@@ -240,6 +242,7 @@ class Pool:
                 slime_group, spans, fresh, one = self.ready.pop(0)
                 if self.lag is not None and self.versions.lag(spans) > self.lag:   # went stale while waiting
                     self.stale[self.policy] += 1
+                    self.stale_tokens += sum(s.response_length for s in slime_group)
                     if self.policy == "regenerate":
                         self.redo.append(_Fresh(fresh))
                     continue
@@ -310,7 +313,8 @@ async def _take(pool: Pool, want: int) -> tuple:
     await pool.backend.relist(max_age_s=5.0)   # the workers slime's router lists now
     taken = await pool.take(want)
     data = sorted((g for g, _ in taken), key=lambda g: g[0].index if g[0].index is not None else 0)
-    before, pool.reported = pool.reported, (dict(pool.stale), pool.one_rank, pool.sink.failed_groups)
+    before, pool.reported = pool.reported, (dict(pool.stale), pool.one_rank, pool.sink.failed_groups,
+                                            pool.stale_tokens)
     metrics = dict(pool.sink.filter.metrics())   # counts since the previous call (the pool runs in between)
     metrics.update({
         "rollout/groups": len(data), "rollout/pool_groups": pool.size, "rollout/in_flight_groups": len(pool.flying),
@@ -318,6 +322,7 @@ async def _take(pool: Pool, want: int) -> tuple:
         "rollout/stale_groups": sum(pool.stale.values()) - sum(before[0].values()),
         "rollout/stale_regenerated": pool.stale["regenerate"] - before[0]["regenerate"],
         "rollout/stale_dropped": pool.stale["drop"] - before[0]["drop"],
+        "rollout/stale_tokens": pool.stale_tokens - before[3],
         "rollout/max_weight_version_lag": pool.lag, "rollout/weight_version": pool.versions.current,
         "rollout/delivered_lag_max": max((pool.versions.lag(spans) for _, spans in taken), default=0.0),
         "rollout/groups_on_one_rank": pool.one_rank - before[1],
