@@ -35,6 +35,7 @@ import math
 import os
 from typing import Optional
 
+from rollout.errors import EngineError
 from rollout.slime import flags
 from rollout.slime.adapter import _refuse_multimodal
 from rollout.slime.partial import manager_group
@@ -262,7 +263,7 @@ class Pool:
         for slot in list(getattr(self.backend.dispatcher, "slots", {}).values()):
             try:
                 self.versions.see(await self.backend.client.weight_version(slot.engine))
-            except Exception:   # noqa: BLE001 - an engine that does not answer: its answers still count
+            except (EngineError, AttributeError):   # an engine that does not say: its answers still count
                 pass
 
     async def stop(self) -> None:
