@@ -20,6 +20,13 @@ Judged (benchmarks/targets.toml):
   retracted samples / on the unretracted ones, target <= 1.1; and k3_kl_retracted_disabled, the same ratio from
   a second engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and
   updates, which must miss that target (>= 1.1): a run where the two arms do not separate is a MISS.
+- reprefill_agreement: of the retracted samples' kept token-layer rows, the share the re-prefill routed to the
+  same expert set as sampled (the scheduler's own count, `reprefill_differ` / `reprefill_compared` in its
+  evidence, taken before the splice); with retraction-routes the re-prefill is forced, target 1.0. And
+  reprefill_agreement_disabled, the same share on the disabled arm, which must be below 1 (the re-prefill
+  chose other experts somewhere). Where the disabled arm's re-prefill routed every kept row as sampled, the
+  fix has nothing to change on that engine: the two disabled-arm targets are not judged and one line says so
+  (no k3 ratio can separate arms whose re-prefills routed the same).
 """
 import argparse
 import asyncio
@@ -146,6 +153,17 @@ def main() -> int:
         return arm(lm, as_rs(ret), [s.routed_experts for s in ret]), \
             arm(lm, as_rs(unret), [s.routed_experts for s in unret]), ret
 
+    def agreement(ss):
+        """(token-layer rows the re-prefill routed to another expert set than the kept rows, rows compared), over the
+        retracted samples, from each answer's scheduler evidence."""
+        differ = compared = 0
+        for s in ss:
+            word = meta(s).get(EVIDENCE_KEY)
+            if isinstance(word, dict) and int(meta(s).get("num_retractions") or 0):
+                differ += int(word.get("reprefill_differ") or 0)
+                compared += int(word.get("reprefill_compared") or 0)
+        return differ, compared
+
     samples = rollout()
     refused = [s for s in samples if s.status is SampleStatus.FAILED]
     retracted = [s for s in samples if int(meta(s).get("num_retractions") or 0)]
@@ -172,7 +190,8 @@ def main() -> int:
     for part, st in _split_at_update(lm, ret, meta).items():
         fact(BENCH, f"retracted samples, response tokens {part} their first update: k3 KL {st['k3_kl']:.3g}, "
                     f"mean |d| {st['mean_abs_diff']:.3g} ({st['tokens']} tokens)")
-    off_r, off_u, off_ret = replay(rollout(disable="retraction-routes"))
+    off_samples = rollout(disable="retraction-routes")
+    off_r, off_u, off_ret = replay(off_samples)
     split = ", ".join(f"{part} the update {st['k3_kl']:.3g}"
                       for part, st in _split_at_update(lm, off_ret, meta).items())
     fact(BENCH, f"without retraction-routes (the re-prefill routes as SGLang chooses): k3 KL retracted / "
@@ -181,7 +200,19 @@ def main() -> int:
     fact(BENCH, f"k3 KL retracted / unretracted, side by side: fixed {ratio(replay_r, replay_u):.3f}, "
                 f"retraction-routes disabled {ratio(off_r, off_u):.3f}")
     judge(BENCH, "k3_kl_retracted", ratio(replay_r, replay_u))
-    judge(BENCH, "k3_kl_retracted_disabled", ratio(off_r, off_u))
+    (d_fix, n_fix), (d_off, n_off) = agreement(samples), agreement(off_samples)
+    share = lambda d, n: 1.0 - d / n if n else float("nan")  # noqa: E731
+    fact(BENCH, f"re-prefill routes vs the sampling-time rows (kept token-layer rows): fixed {d_fix} of {n_fix} "
+                f"differ, retraction-routes disabled {d_off} of {n_off} differ")
+    judge(BENCH, "reprefill_agreement", share(d_fix, n_fix))
+    if n_off and d_off == 0:
+        fact(BENCH, f"k3_kl_retracted_disabled and reprefill_agreement_disabled not judged: with retraction-routes "
+                    f"disabled the re-prefill routed all {n_off} kept token-layer rows to the experts they were "
+                    f"sampled with, so the fix has nothing to change on this engine and no k3 ratio can separate "
+                    f"the arms")
+    else:
+        judge(BENCH, "reprefill_agreement_disabled", share(d_off, n_off))
+        judge(BENCH, "k3_kl_retracted_disabled", ratio(off_r, off_u))
     return finish()
 
 

@@ -125,6 +125,21 @@ def test_the_word_rides_on_customized_info_to_the_last_token():
         assert req.customized_info is None
 
 
+def test_the_reprefill_disagreement_counts_expert_sets():
+    """The scheduler's count behind reprefill_agreement: kept token-layer rows whose collected (re-prefill) experts
+    form another set; the order inside a row is not a different route; positions outside the kept rows are not
+    compared."""
+    import torch
+
+    from sglang_patches.fixes.retraction_rows import disagree
+
+    kept = (1, torch.tensor([[[1, 2], [3, 4]], [[5, 6], [7, 0]]], dtype=torch.int32))   # positions 1, 2; 2 layers
+    collected = torch.tensor([[[9, 9], [9, 9]], [[2, 1], [3, 5]], [[5, 6], [0, 7]], [[8, 8], [8, 8]]],
+                             dtype=torch.int32)   # positions 0..3
+    assert disagree(collected, 0, kept) == (1, 4)   # position 1 layer 1 routes {3, 5}, not {3, 4}
+    assert disagree(collected[3:], 3, kept) == (0, 0)
+
+
 # what carries a Req's customized_info from the scheduler to the answer's meta_info on every reviewed release
 CHANNEL = {
     "managers/scheduler_components/output_streamer.py": ("req.customized_info.items()",
@@ -133,8 +148,9 @@ CHANNEL = {
     "managers/detokenizer_manager.py": ("customized_info=recv_obj.customized_info",),
     "managers/tokenizer_manager.py": ("customized_info = unwrap_from_pickle(recv_obj.customized_info)",),
 }
-ACCUMULATE = (("state.customized_info_accumulated[k].extend(v[i])", "meta_info[k] = state.customized_info_accumulated[k]"),
-              ("accumulated.extend(values)", "meta_info[key] = accumulated"))   # 0.5.15.post1-0.5.18, 0.5.19+
+ACCUMULATE = (("state.customized_info_accumulated[k].extend(v[i])",          # 0.5.15.post1-0.5.18
+               "meta_info[k] = state.customized_info_accumulated[k]"),
+              ("accumulated.extend(values)", "meta_info[key] = accumulated"))   # 0.5.19+
 
 
 @pytest.mark.parametrize("variant", ALL)

@@ -26,10 +26,12 @@ the rows, so at finish the collect hook puts what the scheduler did (`evidence`)
 BatchTokenIDOutput / BatchStrOutput carry it pickled, the tokenizer manager accumulates it into
 ``meta_info[key]``); the state hook reads it back and stamps from it: `SAMPLING_TIME` with
 ``meta_info[EVIDENCE_KEY] = {"rule", "retractions", "kept_rows"}`` when the scheduler kept the rows of every
-retraction it saw, `RECOMPUTED` with ``{"rule", "why"}`` when a cap or a failure turned the fix off, `RECOMPUTED`
-with ``{"rule", "asked": True}`` for a request that opted out. A retracted answer without the scheduler's word
-(a scheduler without the fix) carries no stamp; an answer never retracted is `SAMPLING_TIME` (SGLang's rows are
-the ones it was sampled with).
+retraction it saw (with ``"reprefill_differ"`` / ``"reprefill_compared"``: of the kept token-layer rows, those
+whose re-prefill routed to another expert set, as SGLang collected them before the splice: 0 when
+`retraction-routes` forced them), `RECOMPUTED` with ``{"rule", "why"}`` when a cap or a failure turned the fix
+off, `RECOMPUTED` with ``{"rule", "asked": True}`` for a request that opted out. A retracted answer without the
+scheduler's word (a scheduler without the fix) carries no stamp; an answer never retracted is `SAMPLING_TIME`
+(SGLang's rows are the ones it was sampled with).
 
 Bounded and guarded (the hooks run inside SGLang's scheduler and tokenizer manager): a request keeps at most
 `PER_REQUEST_ENV` MB of rows and a scheduler process at most `PER_PROCESS_ENV` MB for all its requests (a
@@ -96,6 +98,19 @@ def splice(collected, start: int, kept) -> object:
     out = collected.clone()
     out[lo - start: hi - start] = rows[lo - first: hi - first]
     return out
+
+
+def disagree(collected, start: int, kept) -> tuple:
+    """(token-layer rows where SGLang's collected rows route to another expert set than the kept rows, rows
+    compared): how far the re-prefill's own routes are from the ones the tokens were sampled with."""
+    first, rows = kept
+    lo, hi = max(start, first), min(start + collected.shape[0], first + rows.shape[0])
+    if lo >= hi:
+        return 0, 0
+    a = collected[lo - start: hi - start].sort(-1).values
+    b = rows[lo - first: hi - first].to(a.dtype).sort(-1).values
+    same = (a == b).all(-1)
+    return int((~same).sum()), int(same.numel())
 
 
 def _rule(custom_params) -> str:
@@ -230,8 +245,14 @@ def splice_on_collect(original, self, req, *args, **kwargs):
         if kept is not None:
             seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)
             start = min(req.routed_experts_start_len or 0, seqlen - 1)
+            try:   # a measure only: its failure leaves the rows alone
+                differ = disagree(req.routed_experts, start, kept)
+            except Exception:  # noqa: BLE001
+                differ = None
             req.routed_experts = splice(req.routed_experts, start, kept)
         word = evidence(req)
+        if kept is not None and differ is not None and word is not None and word.get("rule") == SAMPLING_TIME:
+            word["reprefill_differ"], word["reprefill_compared"] = differ
     except Exception as e:  # noqa: BLE001 - SGLang's rows stay
         _failed(req, "splicing its kept rows", e)
         word = {"rule": RECOMPUTED, "why": getattr(req, OFF, None) or "splicing failed"}
