@@ -171,10 +171,9 @@ try:
     from sglang.srt.arg_groups.attention_hook import handle_deterministic_inference as check
 except ImportError:
     check = ServerArgs._handle_deterministic_inference
-s = ServerArgs(model_path=sys.argv[1], device="cpu", attention_backend="torch_native",
-               enable_deterministic_inference=True)
-try:
-    check(s)
+try:   # 0.5.15-0.5.2x check it in ServerArgs.__post_init__, 0.5.23 in its resolution hooks
+    check(ServerArgs(model_path=sys.argv[1], device="cpu", attention_backend="torch_native",
+                     enable_deterministic_inference=True))
     print("supported")
 except Exception as e:
     print(f"refused: {type(e).__name__}: {str(e).splitlines()[0]}")
