@@ -72,10 +72,11 @@ class SlimeArm:
             if out is not None:
                 return out
 
-    def answer(self, prompts: list, rollout_id: int) -> dict:
+    def answer(self, prompts: list, rollout_id: int, budgets: list | None = None) -> dict:
         """One generate_rollout of `prompts`: seconds inside it, groups returned, tokens generated,
-        prompt_tokens and cached_tokens summed over every sample."""
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id}) + "\n")
+        prompt_tokens and cached_tokens summed over every sample. `budgets`: per prompt, each sample's
+        own max_new_tokens (see `_worker`)."""
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id, "budgets": budgets}) + "\n")
         self.proc.stdin.flush()
         return self._reply()
 
@@ -112,15 +113,22 @@ def _worker(cfg_path, model, overrides, addrs):
         print("SLIME-ARM " + json.dumps(kw), flush=True)
 
     class Prompts:
-        """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, n samples each."""
+        """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, n samples each. With
+        `budgets`, a sample of budget b is handed over as if rollout_max_response_len - b tokens of its
+        response were already there (slime asks for max_new_tokens minus `response_length`; masks and
+        logprobs padded to match), and those are not counted as generated."""
 
-        def __init__(self, prompts, n):
-            self.prompts, self.n = prompts, n
+        def __init__(self, prompts, n, budgets=None, most=0):
+            self.prompts, self.n, self.budgets, self.most = prompts, n, budgets, most
+
+        def sample(self, g, j, p):
+            off = self.most - self.budgets[g][j] if self.budgets else 0
+            return Sample(group_index=g, index=g * self.n + j, prompt="", tokens=list(p), response_length=off,
+                          loss_mask=[1] * off if off else None, rollout_log_probs=[0.0] * off if off else None)
 
         def get_samples(self, k):
             out, self.prompts = self.prompts[:k], self.prompts[k:]
-            return [[Sample(group_index=g, index=g * self.n + j, prompt="", tokens=list(p)) for j in range(self.n)]
-                    for g, p in enumerate(out)]
+            return [[self.sample(g, j, p) for j in range(self.n)] for g, p in enumerate(out)]
 
         def add_samples(self, groups):
             pass
@@ -149,11 +157,13 @@ def _worker(cfg_path, model, overrides, addrs):
         req = json.loads(line)
         args.rollout_batch_size = args.over_sampling_batch_size = len(req["prompts"])
         t0 = time.monotonic()
-        source = Prompts(req["prompts"], args.n_samples_per_prompt)
+        budgets = req.get("budgets")
+        source = Prompts(req["prompts"], args.n_samples_per_prompt, budgets, args.rollout_max_response_len)
         out = sglang_rollout.generate_rollout(args, req["rollout_id"], source)
         dt = time.monotonic() - t0
         samples = [s for g in out.samples for s in g]
-        say(seconds=dt, groups=len(out.samples), tokens=sum(s.response_length for s in samples),
+        given = sum(args.rollout_max_response_len - b for bs in budgets for b in bs) if budgets else 0
+        say(seconds=dt, groups=len(out.samples), tokens=sum(s.response_length for s in samples) - given,
             prompt_tokens=sum(s.prefix_cache_info.total_prompt_tokens for s in samples),
             cached_tokens=sum(s.prefix_cache_info.cached_tokens for s in samples))
     return 0

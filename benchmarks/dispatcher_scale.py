@@ -11,8 +11,9 @@ Side by side, rounds alternated a/b/b/a, on the same responders:
            engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
   manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
            payload, response parsing into the Sample), one task per sample as the manager runs them.
-Printed at that shape ("seed") and at a shallow depth (32 in flight, batches of 32 back to back; each
-timed round starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
+Printed at that shape ("seed") and at a shallow depth (32 in flight, batches of 32 back to back, the two
+sides alternated batch by batch so that load on a shared machine hits both alike; each timed round
+starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
 requests: insensitive to other load on a shared machine), per-request latency p50/p99 and what the
 manager adds. Judged (benchmarks/targets.toml): manager / direct
 requests per CPU-second of the client core (the rate each reaches on a dedicated core), the median
@@ -134,14 +135,20 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
         await _manager(client, ports, groups, n, conc)
         for r in range(rounds):  # a/b/b/a, so drift hits both sides alike
             order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
+            runs = {name: [0, 0.0, 0.0, []] for name in order}
+            gc.collect()  # each round starts from the same heap: no collection debt left by the other side
+            for b in range(batches):  # a shallow shape: batch by batch a/b/b/a, so both sides see the same load
+                for name in (order if b % 2 == 0 else order[::-1]):
+                    fn = _direct if name == "direct" else _manager
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    lat = await fn(session if name == "direct" else client, ports, groups, n, conc)
+                    run = runs[name]
+                    run[0] += len(lat)
+                    run[1] += time.perf_counter() - t0
+                    run[2] += time.process_time() - c0
+                    run[3] += lat
             for name in order:
-                fn = _direct if name == "direct" else _manager
-                gc.collect()  # each round starts from the same heap: no collection debt left by the other side
-                c0, t0 = time.process_time(), time.perf_counter()
-                lat = []
-                for _ in range(batches):  # a shallow shape: enough requests per round to time
-                    lat += await fn(session if name == "direct" else client, ports, groups, n, conc)
-                out[name].append((len(lat), time.perf_counter() - t0, time.process_time() - c0, lat))
+                out[name].append(tuple(runs[name]))
     return out
 
 

@@ -3,15 +3,18 @@
 Each attention-DP rank of an SGLang engine has its own radix cache and KV pool, and SGLang's DP
 controller picks a rank per request without looking at prefixes (round robin, requests or tokens), so
 a group sent sample by sample is prefilled on up to n ranks. Here a group is placed when its first
-sample asks, by tokens: outstanding ones (prompt + remaining budget of every sample placed on a rank and
-not yet answered) plus those the rank served, so the step's work evens out, among the ranks that have
-less than a full rank's worth of tokens outstanding over the least (a rank that falls behind gets no
-more); a group larger than one rank should hold (the engine's concurrency over its DP ranks) goes over
-the fewest ranks. The group's whole cost is reserved at once, so groups placed together spread out; a
-(re-)admitted rank starts level with the others. A sample carries its (engine, rank) in
-`sample.engines[-1]` / `sample.dp_rank`: a continued (aborted or partial) or re-sent sample goes back
-there while the engine is admitted; once an engine is removed, or fails a connection, its groups are
-placed again, together, on the others.
+sample asks, on the rank with the least predicted load (then the least served): the tokens still to be
+prefilled or generated there (each placed group's prompt once, plus every unanswered sample's remaining
+budget). With DP attention the ranks step together, so the rank with the most work left sets the step's
+time: the least loaded rank gets the next group, which keeps the maximum low (min-max). A group larger
+than one rank should hold (the engine's concurrency over its DP ranks) goes over the fewest ranks. The
+group's whole load is reserved at once (each sibling's own budget replaces its share as it takes its
+seat), so groups placed together spread out; a (re-)admitted rank starts level with the others. A sample
+carries its (engine, rank) in `sample.engines[-1]` / `sample.dp_rank`: a continued (aborted or partial)
+or re-sent sample goes back there while the engine is admitted, unless that rank's load exceeds the
+least loaded one's by more than the sample's tokens (what it prefills again elsewhere) and its own load
+(so the move leaves the other rank below it): then it moves there; once an engine is removed, or fails
+a connection, its groups are placed again, together, on the others.
 
 The rank goes in the /generate body as `routed_dp_rank`: every reviewed SGLang (0.5.15.post1 ..
 0.5.23) has that field in `GenerateReqInput` and its DP controller sends such a request to that
@@ -40,18 +43,24 @@ Key = tuple   # (engine name, DP rank)
 
 @dataclass
 class RankLoad:
-    outstanding: int = 0     # tokens reserved or in flight (prompt + remaining budget)
+    outstanding: int = 0     # predicted load: tokens reserved or in flight (prompts once + remaining budgets)
     served: int = 0          # tokens of answered attempts (prompt + generated)
     requests: int = 0
 
 
 class _Placed:
-    """One group's seats: target -> samples still to come there; the primer of each target."""
+    """One group's seats: target -> samples still to come there, what each seat reserved; the primer of
+    each target."""
 
-    def __init__(self, seats: dict, cost: int):
-        self.seats, self.cost = seats, cost
+    def __init__(self, seats: dict, cost: int, prompt: int):
+        self.seats, self.cost, self.prompt = seats, cost, prompt
         self.sizes = dict(seats)     # samples placed on each target: a primer only where more than one
         self.primers: dict = {}
+
+    def charge(self, key: Key, cost: int) -> int:
+        """The load one sample of `cost` tokens (prompt + budget) adds on `key`: its budget, and its share
+        of the prompt the rank prefills once for all of the group's samples there."""
+        return max(0, cost - self.prompt) + -(-self.prompt // max(1, self.sizes[key]))
 
 
 class Placement:
@@ -64,6 +73,7 @@ class Placement:
         self._avoid = ()
         self.current: dict[str, tuple] = {}      # sample id -> (key, cost, group id if seated) of its attempt
         self.primed = self.primer_failures = self.primer_prefilled = 0   # primers sent, failed; tokens they prefilled
+        self.primer_at: collections.Counter = collections.Counter()       # key -> tokens its primers prefilled
 
     # ---------------------------------------------------------------- engines
     def admit(self, engine: str, dp_ranks: Optional[int]) -> None:
@@ -87,7 +97,7 @@ class Placement:
     def place(self, sample, cost: int, avoid=()) -> Optional[Key]:
         """The admitted (engine, rank) of `sample`'s next attempt (None when no engine is admitted).
         Asked again before the attempt is sent it gives the same answer while that engine is admitted;
-        `done` ends the attempt. `cost`: the attempt's tokens (prompt + remaining budget). `avoid`:
+        `done` ends the attempt. `cost`: the attempt's tokens (its tokens so far + remaining budget). `avoid`:
         engines that just failed a connection (treated as removed, as today's routing skips them)."""
         held = self.current.get(sample.sample_id)
         if held is not None:
@@ -95,18 +105,22 @@ class Placement:
                 return held[0]
             self.done(sample)
         self._avoid = avoid
-        key, seated = self._choose(sample, cost)
+        key, charge, seated = self._choose(sample, cost)
         if key is not None:
             if not seated:
-                self.ranks[key].outstanding += cost
-            self.current[sample.sample_id] = (key, cost, sample.group_id if seated else None)
+                self.ranks[key].outstanding += charge
+            self.current[sample.sample_id] = (key, charge, sample.group_id if seated else None)
             sample.dp_rank = key[1]
         return key
 
     def _choose(self, sample, cost: int) -> tuple:
+        """(key, charge, seated): where the attempt goes and the load it adds there."""
         own = (sample.engine, getattr(sample, "dp_rank", None))
         if own[0] is not None and self._ok(own):
-            return own, False                      # a continued or re-sent sample: back to its rank
+            least = min((k for k in self.ranks if self._ok(k)), key=lambda k: self.ranks[k].outstanding)
+            if self.ranks[own].outstanding - self.ranks[least].outstanding > len(sample.tokens) + cost:
+                return least, cost, False          # a continued sample whose rank fell behind: re-balanced
+            return own, cost, False                # a continued or re-sent sample: back to its rank
         group = self.groups.get(sample.group_id)
         if group is not None:
             for k in [k for k in group.seats if not self._ok(k)]:
@@ -114,40 +128,41 @@ class Placement:
             if not group.seats:
                 group = None
         if group is None:
-            group = self._new_group(sample.group_id, cost)
+            group = self._new_group(sample, cost)
             if group is None:
-                return None, False
+                return None, 0, False
         key = max(group.seats, key=lambda k: group.seats[k])
         if group.seats[key] > 0:
-            group.seats[key] -= 1                  # its cost was reserved with the group
-            return key, True
-        return key, False
+            group.seats[key] -= 1                  # its share was reserved with the group
+            charge = group.charge(key, cost)
+            self.ranks[key].outstanding += charge - group.charge(key, group.cost)
+            return key, charge, True
+        return key, cost, False
 
     def _ok(self, key: Key) -> bool:
         return key in self.ranks and key[0] not in self._avoid
 
     def _unseat_one(self, group: _Placed, key: Key) -> None:
         if key in self.ranks:
-            self.ranks[key].outstanding -= group.seats[key] * group.cost
+            self.ranks[key].outstanding -= group.seats[key] * group.charge(key, group.cost)
         del group.seats[key]
 
-    def _new_group(self, gid: str, cost: int) -> Optional[_Placed]:
+    def _new_group(self, sample, cost: int) -> Optional[_Placed]:
         keys = [k for k in self.ranks if self._ok(k)]
         if not keys:
             return None
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))
         n = self.group_size
         parts = min(len(keys), math.ceil(n / per_rank))
-        # the fewest tokens placed (served + outstanding: the step's balance, not only the moment's), among
-        # ranks with less than a full rank's worth of tokens outstanding over the least (a slow rank waits)
+        # min-max: the least predicted load left (the ranks step together), then the least served
         load = self.ranks
-        near = min(load[k].outstanding for k in keys) + per_rank * cost
-        best = sorted(keys, key=lambda k: (load[k].outstanding > near, load[k].outstanding + load[k].served))[:parts]
+        best = sorted(keys, key=lambda k: (load[k].outstanding, load[k].served))[:parts]
         seats = {k: n // parts + (i < n % parts) for i, k in enumerate(best)}
+        placed = _Placed(seats, cost, min(cost, len(sample.prompt_ids)))
         for k, s in seats.items():
-            self.ranks[k].outstanding += s * cost
-        self.groups.pop(gid, None)
-        self.groups[gid] = placed = _Placed(seats, cost)
+            self.ranks[k].outstanding += s * placed.charge(k, cost)
+        self.groups.pop(sample.group_id, None)
+        self.groups[sample.group_id] = placed
         while len(self.groups) > self.max_groups:
             _, old = self.groups.popitem(last=False)
             self._unseat(old)
@@ -157,7 +172,7 @@ class Placement:
         """Release the reservation of seats no sample took (they are not coming)."""
         for k, s in group.seats.items():
             if k in self.ranks:
-                self.ranks[k].outstanding -= s * group.cost
+                self.ranks[k].outstanding -= s * group.charge(k, group.cost)
             group.seats[k] = 0
 
     def done(self, sample, served_tokens: int = 0) -> None:
@@ -189,16 +204,18 @@ class Placement:
             try:
                 await asyncio.sleep(0)           # siblings started with it take their seats first
                 if group.sizes[key] - group.seats.get(key, 0) >= 2:   # a lone sample needs no primer
-                    await self._prime(prime)
+                    await self._prime(prime, key)
             finally:
                 sent.set()
         else:
             await sent.wait()
 
-    async def _prime(self, prime) -> None:
+    async def _prime(self, prime, key: Key) -> None:
         try:
             meta = await prime()
             self.primed += 1
-            self.primer_prefilled += int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
+            new = int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
+            self.primer_prefilled += new
+            self.primer_at[key] += new
         except EngineError:   # the samples go anyway, prefilled once each at worst
             self.primer_failures += 1

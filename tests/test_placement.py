@@ -261,3 +261,34 @@ def test_config_switch_keeps_per_sample_routing_and_refuses_other_values(tmp_pat
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(ConfigError, match="rollout.group_placement: 'engine' is not one of 'group' or 'sample'"):
         load_config(str(path))
+
+
+def test_a_group_prompt_counts_once_and_each_sibling_its_own_budget():
+    """Predicted load: a group's prompt once per rank (prefilled once), each sample its own remaining budget."""
+    p = _placement(engines=1, dp=2, n=4)
+    g = _group("g", 4, prompt_len=400)
+    budgets = [10, 10, 10, 200]
+    keys = {p.place(s, 400 + b) for s, b in zip(g, budgets)}
+    (key,) = keys
+    assert p.ranks[key].outstanding == 400 + sum(budgets)      # not 4 x (400 + 10): the prompt once
+    other = Sample("h/0", "h", 0, list(range(5)))
+    assert p.place(other, 300) != key                          # the next group: the least loaded rank
+    for s in g:
+        p.done(s, 50)
+    assert p.ranks[key].outstanding == 0
+
+
+def test_a_continued_sample_whose_rank_fell_behind_moves_to_the_least_loaded():
+    p = _placement(engines=1, dp=2, n=1)
+    s = Sample("a/0", "a", 0, list(range(10)))
+    key = p.place(s, 20)
+    p.done(s, 20)
+    s.engines.append(key[0])
+    s.status, s.response_ids = SampleStatus.ABORTED, [1, 2]
+    assert p.place(s, 30) == key                                # its rank is not behind: back there (cached)
+    p.done(s)
+    big = Sample("big/0", "big", 0, [1])
+    big.engines.append(key[0])
+    big.dp_rank = key[1]
+    assert p.place(big, 1000) == key                            # now its rank holds 1,000 tokens more
+    assert p.place(s, 30)[1] != key[1]                          # re-balanced: 1,000 > 12 tokens again + 30
