@@ -52,61 +52,98 @@ def recorded_tail() -> int:
 
 class _Rank:
     def __init__(self):
-        self.cache, self.waiting, self.prefilled, self.served, self.prompts = set(), [], 0, 0, 0
+        self.cache, self.waiting, self.running = set(), [], []
+        self.prefilled = self.served = self.busy = 0.0
 
 
-def _serve(ports, dp, tail, step_s, token_s, ready, cpu):
+def _serve(ports, dp, tail, prefix_len, per_rank, cost, ready, cpu):
+    """One engine per port, its `dp` ranks stepping together (DP attention): each step every rank takes
+    waiting requests up to `per_rank` running, prefills them (fcfs: each checked against the cache as it
+    was before the step) and decodes one token of every running request; the step lasts as long as the
+    slowest rank's work: cost = (step_s, s per prefilled token, s per decoded token)."""
     from aiohttp import web
 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    step_s, prefill_s, decode_s = cost
+
+    def cached_of(rank, ids):
+        if hash(tuple(ids)) in rank.cache:
+            return max(0, len(ids) - tail)
+        if prefix_len and len(ids) > prefix_len and hash(tuple(ids[:prefix_len])) in rank.cache:
+            return prefix_len
+        return 0
 
     async def main():
         runners = []
         for port in ports:
-            ranks, rr = [_Rank() for _ in range(dp)], [0]
+            ranks, rr, wake = [_Rank() for _ in range(dp)], [0], asyncio.Event()
 
-            async def step_loop(rank):
+            async def step_loop(ranks=ranks, wake=wake):
+                try:
+                    await steps(ranks, wake)
+                except BaseException as e:
+                    print(f"stand-in step loop: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                    raise
+
+            async def steps(ranks, wake):
                 while True:
-                    await asyncio.sleep(step_s)
-                    batch, rank.waiting = rank.waiting, []
-                    hits = [(key in rank.cache) for key, _, _ in batch]   # fcfs: no in-batch prefix check
-                    for (key, n, fut), hit in zip(batch, hits):
-                        cached = max(0, n - tail) if hit else 0
-                        rank.prefilled += n - cached
-                        rank.cache.add(key)
-                        fut.set_result(cached)
+                    if not any(k.waiting or k.running for k in ranks):
+                        wake.clear()
+                        await wake.wait()
+                    work = []
+                    for rank in ranks:
+                        take = max(0, per_rank - len(rank.running))
+                        batch, rank.waiting = rank.waiting[:take], rank.waiting[take:]
+                        new = sum(req["n"] - cached_of(rank, req["ids"]) for req in batch)   # fcfs
+                        for req in batch:
+                            req["cached"] = cached_of(rank, req["ids"])
+                        for req in batch:
+                            rank.cache.add(hash(tuple(req["ids"])))
+                            if prefix_len and len(req["ids"]) > prefix_len:
+                                rank.cache.add(hash(tuple(req["ids"][:prefix_len])))
+                        decoding = [q for q in rank.running if q["left"] > 0]
+                        t = prefill_s * new + decode_s * len(decoding)
+                        rank.prefilled += new
+                        rank.busy += t
+                        rank.served += new + len(decoding)
+                        for q in decoding:
+                            q["left"] -= 1
+                        running, rank.running = rank.running + batch, []
+                        for q in running:
+                            if q["left"] > 0:
+                                rank.running.append(q)
+                            else:
+                                q["fut"].set_result(q["cached"])
+                        work.append(t)
+                    await asyncio.sleep(step_s + max(work))
 
-            async def generate(request, ranks=ranks, rr=rr):
+            async def generate(request, ranks=ranks, rr=rr, wake=wake):
                 body = await request.json()
                 r = body.get("routed_dp_rank")
                 if r is None:
                     r, rr[0] = rr[0] % dp, rr[0] + 1
-                rank, ids = ranks[r], body["input_ids"]
+                ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
                 fut = asyncio.get_running_loop().create_future()
-                rank.waiting.append((hash(tuple(ids)), len(ids), fut))
+                ranks[r].waiting.append({"ids": ids, "n": len(ids), "left": n, "fut": fut})
+                wake.set()
                 cached = await fut
-                n = body["sampling_params"]["max_new_tokens"]
-                await asyncio.sleep(token_s * n)
-                rank.served += len(ids) + n
-                rank.prompts += len(ids)
                 return web.json_response({"text": "", "meta_info": {
                     "output_token_logprobs": [[-1.0, 5 + i % 50, None] for i in range(n)],
                     "finish_reason": {"type": "length", "length": n}, "prompt_tokens": len(ids),
                     "cached_tokens": cached, "completion_tokens": n, "dp_rank": r, "weight_version": "default"}})
 
             async def stats(request, ranks=ranks):
-                out = [{"prefilled": k.prefilled, "served": k.served} for k in ranks]
+                out = [{"prefilled": k.prefilled, "served": k.served, "busy": k.busy} for k in ranks]
                 for k in ranks:
                     k.cache.clear()
-                    k.prefilled = k.served = k.prompts = 0
+                    k.prefilled = k.served = k.busy = 0.0
                 return web.json_response(out)
 
             app = web.Application(client_max_size=1 << 26)
             app.router.add_post("/generate", generate)
             app.router.add_post("/stats", stats)
-            for k in ranks:
-                asyncio.get_running_loop().create_task(step_loop(k))
+            asyncio.get_running_loop().create_task(step_loop())
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
@@ -124,12 +161,18 @@ class _Eng:
         self.name, self.url, self.api_key = f"e{i}", f"http://127.0.0.1:{port}", None
 
 
-def _workload(groups, n, seed):
+def _workload(groups, n, seed, short):
+    from group_placement_engines import rl_groups
+
     from rollout.types import Group
 
-    rng = random.Random(seed)
-    lengths = [rng.choice((128, 256, 512, 1024, 2048)) for _ in range(groups)]
-    return [Group.fresh(f"g{seed}-{i}", [rng.randrange(3, 30000) for _ in range(k)], n) for i, k in enumerate(lengths)]
+    work = []
+    for i, (prompt, budgets) in enumerate(rl_groups(groups, n, seed, short, vocab=30000)):
+        g = Group.fresh(f"g{seed}-{i}", prompt, n)
+        for smp, b in zip(g.samples, budgets):
+            smp.max_new_tokens = b
+        work.append(g)
+    return work
 
 
 async def _stats(session, engines):
@@ -140,11 +183,11 @@ async def _stats(session, engines):
     return out
 
 
-async def _dispatcher_arm(client, engines, dp, work, n, concurrency, placed, max_new):
+async def _dispatcher_arm(client, engines, dp, work, n, concurrency, placed):
     from rollout.dispatch import Dispatcher
     from rollout.placement import Placement
 
-    d = Dispatcher(client, {"max_new_tokens": max_new}, concurrency,
+    d = Dispatcher(client, {"max_new_tokens": 16}, concurrency,
                    placement=Placement(n, concurrency) if placed else None)
     for e in engines:
         await d.admit(e, dp_ranks=dp)
@@ -180,7 +223,8 @@ async def _slime_arm(session, engines, work, concurrency):
             seen[e.name].add(hash(tuple(s.prompt_ids)))
             load[e.name] += 1
             try:
-                body = {"input_ids": s.prompt_ids, "sampling_params": {"max_new_tokens": 16}, "return_logprob": True}
+                body = {"input_ids": s.prompt_ids, "sampling_params": {"max_new_tokens": s.max_new_tokens},
+                        "return_logprob": True}
                 async with session.post(e.url + "/generate", json=body) as r:
                     await r.json()
             finally:
@@ -188,10 +232,12 @@ async def _slime_arm(session, engines, work, concurrency):
     await asyncio.gather(*(one(s) for g in work for s in g.samples))
 
 
-def _summary(stats, work):
+def _summary(stats, work, wall):
+    """(prefilled / prompt tokens, rank busy time max / mean, tokens generated per second)."""
     prompt = sum(len(g.prompt_ids) for g in work)
-    served = [r["served"] for r in stats]
-    return sum(r["prefilled"] for r in stats) / prompt, max(served) / (sum(served) / len(served))
+    busy = [r["busy"] for r in stats]
+    tokens = sum(s.max_new_tokens for g in work for s in g.samples)
+    return sum(r["prefilled"] for r in stats) / prompt, max(busy) / (sum(busy) / len(busy)), tokens / wall
 
 
 def scale(args) -> None:
@@ -207,7 +253,9 @@ def scale(args) -> None:
     ports = [free_port() for _ in range(engines_n)]
     cpus = sorted(os.sched_getaffinity(0))
     ready = mp.Event()
-    srv = mp.Process(target=_serve, args=(ports, dp, tail, 0.002, args.token_s, ready,
+    from group_placement_engines import PREFIX_LEN
+    cost = (args.step_s, args.prefill_token_s, args.token_s)
+    srv = mp.Process(target=_serve, args=(ports, dp, tail, PREFIX_LEN, args.concurrency // dp, cost, ready,
                                           cpus[-1] if len(cpus) > 1 else None), daemon=True)
     srv.start()
     ready.wait(60)
@@ -220,34 +268,40 @@ def scale(args) -> None:
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600)) as session, \
                 EngineClient() as client:
-            await _stats(session, engines)
+            async def one(arm, seed, groups=args.groups):
+                work = _workload(groups, args.n, seed, args.short)
+                await _stats(session, engines)
+                t0, c0 = time.monotonic(), time.process_time()
+                if arm == "slime":
+                    await _slime_arm(session, engines, work, args.concurrency)
+                else:
+                    await _dispatcher_arm(client, engines, dp, work, args.n, args.concurrency, arm == "placement")
+                cpu, wall = time.process_time() - c0, time.monotonic() - t0
+                return _summary(await _stats(session, engines), work, wall) + (cpu / (groups * args.n),)
+            arms = ("placement", "today", "slime")
+            for i, arm in enumerate(arms):     # warm-up: connections, imports, first allocations; not counted
+                await one(arm, seed=7 + i, groups=min(args.groups, 16))
             for r in range(args.rounds):
-                for arm in (("placement", "today") if r % 2 == 0 else ("today", "placement")):
-                    work = _workload(args.groups, args.n, seed=1000 * r + len(res))
-                    t0 = time.monotonic()
-                    cpu = await _dispatcher_arm(client, engines, dp, work, args.n, args.concurrency,
-                                                arm == "placement", 16)
-                    prefill, imbalance = _summary(await _stats(session, engines), work)
-                    res.setdefault(arm, []).append((prefill, imbalance, cpu / (args.groups * args.n)))
-                    print(f"  {arm:9s} round {r}: prefilled/prompt {prefill:.3f}, rank imbalance {imbalance:.3f}, "
-                          f"client CPU {1e6 * cpu / (args.groups * args.n):.0f} us/request, "
-                          f"wall {time.monotonic() - t0:.1f} s", flush=True)
-            work = _workload(args.groups, args.n, seed=99)
-            await _slime_arm(session, engines, work, args.concurrency)
-            res["slime"] = [_summary(await _stats(session, engines), work) + (0.0,)]
-            print(f"  slime (stand-in of its path): prefilled/prompt {res['slime'][0][0]:.3f}, "
-                  f"rank imbalance {res['slime'][0][1]:.3f}", flush=True)
+                for arm in (arms if r % 2 == 0 else arms[::-1]):
+                    out = await one(arm, seed=1000 * r + len(res))
+                    res.setdefault(arm, []).append(out)
+                    print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, rank busy imbalance {out[1]:.3f}, "
+                          f"{out[2]:.0f} tokens/s, client CPU {1e6 * out[3]:.0f} us/request"
+                          + (" (a stand-in of slime's path, not slime's client)" if arm == "slime" else ""),
+                          flush=True)
 
     try:
         asyncio.run(run())
     finally:
         srv.kill()
-    med = lambda arm, i: sorted(x[i] for x in res[arm])[len(res[arm]) // 2]  # noqa: E731
-    judge(BENCH, "scale_prefill", med("placement", 0))
-    judge(BENCH, "scale_prefill_vs_today", med("placement", 0) / med("today", 0))
-    judge(BENCH, "scale_prefill_vs_slime", med("placement", 0) / med("slime", 0))
-    judge(BENCH, "scale_rank_imbalance", med("placement", 1))
-    judge(BENCH, "scale_cpu_per_request", med("placement", 2) / med("today", 2))
+    mean = lambda arm, i: sum(x[i] for x in res[arm]) / len(res[arm])  # noqa: E731
+    judge(BENCH, "scale_prefill", mean("placement", 0))
+    judge(BENCH, "scale_prefill_vs_today", mean("placement", 0) / mean("today", 0))
+    judge(BENCH, "scale_prefill_vs_slime", mean("placement", 0) / mean("slime", 0))
+    judge(BENCH, "scale_rank_imbalance", mean("placement", 1))
+    judge(BENCH, "scale_tokens_per_s", mean("placement", 2) / mean("today", 2))
+    judge(BENCH, "scale_tokens_per_s_vs_slime", mean("placement", 2) / mean("slime", 2))
+    judge(BENCH, "scale_cpu_per_request", mean("placement", 3) / mean("today", 3))
 
 
 def main() -> int:
@@ -256,10 +310,12 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=512, help="per engine (the seed config's)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--token-s", type=float, default=0.0005, help="stand-in decode time per token")
+    ap.add_argument("--short", type=int, default=16, help="the short response budget (the long tail: 8-16x)")
+    ap.add_argument("--step-s", type=float, default=0.03, help="stand-in time of one scheduler step")
+    ap.add_argument("--prefill-token-s", type=float, default=2e-5, help="stand-in time per prefilled token")
+    ap.add_argument("--token-s", type=float, default=1e-4, help="stand-in time per decoded token (per request)")
     ap.add_argument("--engines", action="store_true", help="also the real-engine part (two CPU engines)")
-    ap.add_argument("--engine-groups", type=int, default=4)
-    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--engine-groups", type=int, default=12)
     ap.add_argument("--engine-new-tokens", type=int, default=8)
     args = ap.parse_args()
     print(f"{BENCH}: scale run, {args.groups} groups x {args.n}, 4 engines x dp 4", flush=True)

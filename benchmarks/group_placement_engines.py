@@ -30,6 +30,7 @@ from _slime_arm import unavailable  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 
 BENCH = "group_placement_engines"
+PREFIX_LEN = 64     # the shared system prompt
 
 
 class _Sink:
@@ -44,8 +45,10 @@ def _engine_config(args):
     cfg = rconfig.load("c")   # training_configs/tiny-cpu-dpattn.yaml
     g = cfg.engine_groups[0]
     g.engines, g.chunked_prefill_size, g.max_running_requests = 2, 4096, 16
+    g.extra_sglang_args["max_total_tokens"] = 16384   # a rank holds its groups' prompts (a GPU pool would)
     r = cfg.rollout
-    r.n_samples_per_prompt, r.concurrency_per_engine, r.sampling.max_new_tokens = 8, 16, args.engine_new_tokens
+    r.n_samples_per_prompt, r.concurrency_per_engine = 8, 16
+    r.sampling.max_new_tokens = args.engine_new_tokens * 16     # the longest budget; each sample has its own
     for k in ("http_s", "server_up_s", "health_generate_s", "dp_probe_s"):
         setattr(r.budgets, k, 900.0)
     r.health.timeout_s, r.health.failures = 60.0, 10
@@ -68,30 +71,59 @@ async def _flush(mgr, budget_s: float = 120.0):
             await asyncio.sleep(0.5)
 
 
-def _prompts(groups, prompt_len, seed):
+def rl_groups(groups, n, seed, short, vocab=300, lengths=(128, 1024), prefix_len=PREFIX_LEN, tail=(1, 8)):
+    """An RL-like step: `groups` prompts of a shared system prefix (`prefix_len` tokens, the same in every
+    step) and a question of `lengths` tokens, each with n response budgets from a long tail: most between
+    short / 2 and short, one in `tail[1]` 8-16x `short` (the long reasoning chains). -> [(prompt, budgets)]."""
     rng = random.Random(seed)
-    return [[rng.randrange(3, 300) for _ in range(prompt_len)] for _ in range(groups)]
+    system = [random.Random(0).randrange(3, vocab) for _ in range(prefix_len)]
+    out = []
+    for _ in range(groups):
+        question = [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths) - prefix_len)]
+        budgets = [short * rng.randint(8, 16) if rng.randrange(tail[1]) < tail[0] else rng.randint(max(1, short // 2), short)
+                   for _ in range(n)]
+        out.append((system + question, budgets))
+    return out
 
 
-async def _slime_arm(mgr, slime, groups, prompt_len, seed):
-    """slime's own generate_rollout on the same engines: (prefilled / prompt tokens, tokens/s, {})."""
+def _rank_work(metas, primers) -> float:
+    """max / mean over DP ranks of the tokens each prefilled or generated (answers + primers)."""
+    work = dict(primers)
+    for eng, m in metas:
+        key = (eng, m.get("dp_rank"))
+        work[key] = work.get(key, 0) + int(m["prompt_tokens"]) - int(m["cached_tokens"]) + int(m["completion_tokens"])
+    return max(work.values()) / (sum(work.values()) / len(work))
+
+
+async def _slime_arm(mgr, slime, groups, args, seed):
+    """slime's own generate_rollout on the same engines: (prefilled / prompt tokens, tokens/s, None, {})."""
     await _flush(mgr)
-    out = await asyncio.to_thread(slime.answer, _prompts(groups, prompt_len, seed), seed)
+    work = rl_groups(groups, 8, seed, args.engine_new_tokens)
+    out = await asyncio.to_thread(slime.answer, [p for p, _ in work], seed, [b for _, b in work])
     assert out["groups"] == groups, f"slime returned {out['groups']} groups of {groups}"
-    return (out["prompt_tokens"] - out["cached_tokens"]) / (groups * prompt_len), out["tokens"] / out["seconds"], {}
+    prompt = sum(len(p) for p, _ in work)
+    return (out["prompt_tokens"] - out["cached_tokens"]) / prompt, out["tokens"] / out["seconds"], None, {}
 
 
-async def _engine_arm(mgr, placement, groups, prompt_len, seed):
+async def _engine_arm(mgr, placement, groups, args, seed):
     await _flush(mgr)
     mgr.dispatcher.placement = placement
     primed0 = placement.primer_prefilled if placement else 0
-    todo = [mgr.new_group(p) for p in _prompts(groups, prompt_len, seed)]
+    primers0 = dict(placement.primer_at) if placement else {}
+    work = rl_groups(groups, 8, seed, args.engine_new_tokens)
+    todo = []
+    for prompt, budgets in work:
+        g = mgr.new_group(prompt)
+        for s, b in zip(g.samples, budgets):
+            s.max_new_tokens = b
+        todo.append(g)
     t0 = time.monotonic()
     res = await mgr.rollout(todo, _Sink())
     wall = time.monotonic() - t0
-    metas = [m for g in todo for s in g.samples for _, _, m in s.outputs]
-    prefilled = sum(int(m["prompt_tokens"]) - int(m["cached_tokens"]) for m in metas)
+    metas = [(s.engine, m) for g in todo for s in g.samples for _, _, m in s.outputs]
+    prefilled = sum(int(m["prompt_tokens"]) - int(m["cached_tokens"]) for _, m in metas)
     prefilled += (placement.primer_prefilled - primed0) if placement else 0
+    primers = {k: v - primers0.get(k, 0) for k, v in placement.primer_at.items()} if placement else {}
     tokens = sum(len(s.response_ids) for g in todo for s in g.samples)
     ranks = {}
     for g in todo:
@@ -99,7 +131,8 @@ async def _engine_arm(mgr, placement, groups, prompt_len, seed):
             key = f"{s.engine}/{s.outputs[-1][2].get('dp_rank')}"
             ranks[key] = ranks.get(key, 0) + 1
     assert res.delivered == groups and res.failed_samples == 0, res
-    return prefilled / (groups * prompt_len), tokens / wall, dict(sorted(ranks.items()))
+    prompt = sum(len(p) for p, _ in work)
+    return prefilled / prompt, tokens / wall, _rank_work(metas, primers), dict(sorted(ranks.items()))
 
 
 def engines_part(args) -> None:
@@ -110,7 +143,8 @@ def engines_part(args) -> None:
     cfg, model = _engine_config(args)
     skipped = unavailable(args.slime_src)
     print(f"{BENCH}: real engines: 2 x tiny-cpu-dpattn (dp 2, NEXTN, chunk 4096), {args.engine_groups} groups x 8, "
-          f"{args.prompt_len}-token prompts, {args.engine_new_tokens} new tokens; starting...", flush=True)
+          f"prompts of 128-1,024 tokens ({PREFIX_LEN} shared), budgets {args.engine_new_tokens // 2}-"
+          f"{args.engine_new_tokens} tokens, one in 8 samples 8-16x that; starting...", flush=True)
     res, arms = {}, ("placement", "today") + (() if skipped else ("slime",))
 
     async def run():
@@ -126,9 +160,9 @@ def engines_part(args) -> None:
 
             async def one(arm, seed):
                 if arm == "slime":
-                    return await _slime_arm(mgr, slime, args.engine_groups, args.prompt_len, seed)
+                    return await _slime_arm(mgr, slime, args.engine_groups, args, seed)
                 return await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
-                                         args.prompt_len, seed)
+                                         args, seed)
             for i, arm in enumerate(arms):   # warm-up of every arm's batch shapes, not counted
                 await one(arm, seed=7 + i)
             for r in range(args.rounds):
@@ -136,7 +170,8 @@ def engines_part(args) -> None:
                     out = await one(arm, seed=100 + 10 * r + arms.index(arm))
                     res.setdefault(arm, []).append(out)
                     print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s"
-                          + (f", samples per engine/rank {out[2]}" if out[2] else ""), flush=True)
+                          + (f", rank work max/mean {out[2]:.3f}" if out[2] is not None else "")
+                          + (f", samples per engine/rank {out[3]}" if out[3] else ""), flush=True)
         finally:
             if slime:
                 slime.close()
@@ -146,6 +181,8 @@ def engines_part(args) -> None:
     judge(BENCH, "engine_prefill", mean("placement", 0))
     judge(BENCH, "engine_prefill_vs_today", mean("placement", 0) / mean("today", 0))
     judge(BENCH, "engine_tokens_per_s", mean("placement", 1) / mean("today", 1))
+    judge(BENCH, "engine_rank_imbalance", mean("placement", 2))
+    fact(BENCH, f"today's routing: rank work max/mean {mean('today', 2):.3f}")
     if skipped:
         fact(BENCH, f"slime's arm skipped: {skipped}")
         return
@@ -156,9 +193,8 @@ def engines_part(args) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--engine-groups", type=int, default=4)
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--engine-new-tokens", type=int, default=8)
+    ap.add_argument("--engine-groups", type=int, default=12)
+    ap.add_argument("--engine-new-tokens", type=int, default=8, help="the short budget (the long tail: 8-16x)")
     ap.add_argument("--slime-src", default=os.environ.get("SLIME_SRC") or None,
                     help="a slime checkout (default: $SLIME_SRC): slime's own generate_rollout as a third arm")
     engines_part(ap.parse_args())
