@@ -332,3 +332,17 @@ def test_custom_path_refills_while_the_straggler_runs_and_recycles_it_masked(ref
     assert all(s.loss_mask == [0, 1, 1, 1] and s.response_length == 4 for s in hang), [s.loss_mask for s in hang]
     fresh = [g for g in second.samples if g[0].tokens[0] == 8][0]
     assert all(s.loss_mask == [1, 1, 1, 1] for s in fresh)
+
+
+def test_custom_path_without_partial_rollout_drops_the_aborted_straggler_as_slime(refusing):
+    """Without --partial-rollout slime's abort discards the stragglers' groups; so does plugin mode's custom path
+    (nothing carried, nothing pending, nothing added to the data source). Before, the step waited for them."""
+    from rollout.slime.state import STATE
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(refusing.port, rollout_batch_size=1, over_sampling_batch_size=2, use_rollout_routing_replay=False,
+                 custom_generate_function_path=f"{__name__}.one_turn", partial_rollout=False)
+    src = StandInDataSource([[HANG, 3], [1, 2]], 2)
+    out = slime_adapter.generate_rollout(args, 0, src)
+    assert [g[0].tokens[0] for g in out.samples] == [1] and out.metrics["rollout/recycled_groups"] == 0
+    assert src.buffer == [] and STATE.pending == {} and STATE.backend.carried == []
