@@ -108,6 +108,7 @@ def summarise(step: dict) -> dict:
     gen_s = max(t for *_, t in turns)
     return {"prefill_per_turn": prefilled / len(turns), "tokens_per_s": sum(n for _, _, _, n, _ in turns) / gen_s,
             "step_s": step["seconds"], "turns": len(turns),
+            "ends": [max(t for k, *_, t in turns if k == i) for i in range(TURNS)],
             "by_turn": [sum(p - c for k, p, c, _, _ in turns if k == i) / max(1, sum(k == i for k, *_ in turns))
                         for i in range(TURNS)]}
 
@@ -208,7 +209,8 @@ def run(a) -> dict:
                 print(f"  {arm:5s} {'round ' + str(r) if counted else 'warm-up'}: prefilled per turn "
                       f"{fig['prefill_per_turn']:.1f} (turns 1-3: {', '.join(f'{x:.1f}' for x in fig['by_turn'])}"
                       f"{', primers ' + str(out['primer_prefilled']) if arm == 'ours' else ''}), "
-                      f"{fig['tokens_per_s']:.1f} tokens/s, step {fig['step_s']:.2f} s", flush=True)
+                      f"{fig['tokens_per_s']:.1f} tokens/s, turns done at "
+                      f"{', '.join(f'{x:.1f}' for x in fig['ends'])} s, step {fig['step_s']:.2f} s", flush=True)
             for i, arm in enumerate(("ours", "slime")):
                 await one(arm, 7 + i, False)
             for r in range(a.rounds):
