@@ -5,7 +5,10 @@ external mode does not resync it, and `serve` does not know slime's router (whic
 engine's address). So `serve`:
 - tracks the weight version its live engines report (`/model_info`) as the manager's expected version;
 - before re-admitting a restarted engine whose version differs: loads `rollout.restart_checkpoint` if set
-  (`/update_weights_from_disk` with the expected version); if the version still differs, pauses the
+  (`EngineClient.update_weights`: a retract-mode pause, flush, `/update_weights_from_disk` with the expected
+  version, which loads the draft model too and needs no session on any release, the version published without
+  aborting, continue: requests slime's router sent it meanwhile resume under those weights); if the version
+  still differs, pauses the
   engine (`/pause_generation`), says so on stderr, and resumes it (`/continue_generation`) only once its
   version equals its peers'.
 """
@@ -43,7 +46,9 @@ class WeightGuard:
         """For a restarted engine reporting another version than `expected` (then whatever `track` sees)."""
         self.expected = expected
         if self.checkpoint:
-            await self.client.update_weights_from_disk(engine, self.checkpoint, expected)
+            await self.client.update_weights(
+                engine, lambda: self.client.update_weights_from_disk(engine, self.checkpoint, expected), expected,
+                path="disk")
         version = await self.client.weight_version(engine)
         if version == self.expected:
             return

@@ -40,6 +40,21 @@ def _headers(api_key: Optional[str]) -> dict:
     return auth_headers(api_key)
 
 
+WEIGHT_PATHS = ("disk", "tensor", "distributed")
+SESSIONS_FROM = (0, 5, 21)   # tensor and distributed updates need /begin_weight_update ... /end_weight_update
+
+
+def has_weight_sessions(version: str) -> bool:
+    """Whether an SGLang release needs (and has) weight-update sessions: 0.5.21 and later."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) >= SESSIONS_FROM
+
+
 class EngineClient:
     """One pooled HTTP session (opened on first use, on the running loop) for any number of engines."""
 
@@ -126,8 +141,64 @@ class EngineClient:
 
     # ------------------------------------------------------------------ weights and flow control
     async def update_weights_from_disk(self, engine, model_path: str, weight_version: str) -> None:
+        """Target and draft model from a checkpoint (every reviewed release; no session needed), version published."""
         await self.call(engine, "POST", "/update_weights_from_disk", timeout_s=WEIGHTS_S, as_json=False,
                         json_body={"model_path": model_path, "weight_version": weight_version})
+
+    async def update_weights_from_tensor(self, engine, serialized_named_tensors: list, weight_version: str,
+                                         load_format: Optional[str] = None) -> None:
+        """One bucket of tensors (one serialized entry per TP rank): on 0.5.21+ inside a session."""
+        await self.call(engine, "POST", "/update_weights_from_tensor", timeout_s=WEIGHTS_S, as_json=False,
+                        json_body={"serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
+                                   "flush_cache": False, "weight_version": weight_version})
+
+    async def update_weights_from_distributed(self, engine, names: list, dtypes: list, shapes: list,
+                                              group_name: str, weight_version: str) -> None:
+        """One broadcast bucket over an update group: on 0.5.21+ inside a session (which also loads the draft)."""
+        await self.call(engine, "POST", "/update_weights_from_distributed", timeout_s=WEIGHTS_S, as_json=False,
+                        json_body={"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                   "flush_cache": False, "weight_version": weight_version})
+
+    async def begin_weight_update(self, engine) -> None:
+        """Open a weight-update session on every runner, target and draft (0.5.21+)."""
+        await self.call(engine, "POST", "/begin_weight_update", json_body={"selector": "all"}, timeout_s=WEIGHTS_S,
+                        as_json=False)
+
+    async def end_weight_update(self, engine) -> None:
+        await self.call(engine, "POST", "/end_weight_update", json_body={}, timeout_s=WEIGHTS_S, as_json=False)
+
+    async def update_weight_version(self, engine, weight_version: str) -> None:
+        """Publish a version without aborting the requests in flight (SGLang aborts them by default)."""
+        await self.call(engine, "POST", "/update_weight_version", as_json=False,
+                        json_body={"new_version": weight_version, "abort_all_requests": False})
+
+    async def sglang_version(self, engine) -> str:
+        """The engine's SGLang release (`/server_info`'s `version`)."""
+        return str((await self.server_info(engine)).get("version") or "")
+
+    async def update_weights(self, engine, send, weight_version: str, path: str = "tensor") -> None:
+        """One weight update that keeps the requests in flight: pause in retract mode, flush, `await send()` (the
+        update calls of `path`: disk, tensor or distributed), publish the version without aborting, continue.
+        Tensor and distributed sends run inside a session where the engine's release has them (0.5.21+: the
+        session also loads the draft model); a disk update needs none on any release (it loads target and
+        draft). The engine is resumed whatever `send` raises."""
+        if path not in WEIGHT_PATHS:
+            raise ValueError(f"weight update path {path!r}: one of {', '.join(WEIGHT_PATHS)}")
+        sessions = path != "disk" and has_weight_sessions(await self.sglang_version(engine))
+        await self.pause_generation(engine, "retract")
+        try:
+            await self.flush_cache(engine)
+            if sessions:
+                await self.begin_weight_update(engine)
+                try:
+                    await send()
+                finally:
+                    await self.end_weight_update(engine)
+            else:
+                await send()
+            await self.update_weight_version(engine, weight_version)
+        finally:
+            await self.continue_generation(engine)
 
     async def pause_generation(self, engine, mode: str = "abort") -> None:
         await self.call(engine, "POST", "/pause_generation", json_body={"mode": mode}, as_json=False)
