@@ -4,24 +4,30 @@ per group, rank balance, dispatcher CPU; on a loopback stand-in at the seed's sc
     python benchmarks/group_placement.py [--groups 512] [--n 16]            # the scale run (no engines)
     flock /tmp/engine.lock python benchmarks/group_placement.py --engines   # + benchmarks/group_placement_engines.py
 
-Scale run: 4 engines x dp 4 = 16 ranks, 512 groups x 16 = 8,192 samples, prompts of 128-2,048 tokens,
-served by a BENCHMARK-ONLY STAND-IN OF SGLANG (a subprocess, one HTTP server per engine) that answers
-as SGLang 0.5.23 does where it matters here: each DP rank keeps its own prefix cache; a request
-without `routed_dp_rank` goes to the engine's ranks in round robin (SGLang's default
-load_balance_method); requests that reach a rank in the same scheduler step are prefilled together,
-each checked only against what the cache held before that step (the default `fcfs` policy), and a
-prompt enters the cache once prefilled; a hit reports `cached_tokens` = prompt_tokens minus the tail
-a real engine recomputes (recorded: tests/facts/sglang-0.5.23-prefix-cache.json, the DP-attention
-miniature with NEXTN). The stand-in matches whole prompts only (every request here is one).
-Arms, on the same stand-ins, one after the other with fresh caches:
+Scale run: 4 engines x dp 4 = 16 ranks, 512 groups x 16 = 8,192 samples of an RL-like step
+(`group_placement_engines.rl_groups`: prompts of 128-1,024 tokens behind a shared 64-token system
+prefix; per-sample budgets, most between `--short` / 2 and `--short`, one in 8 8-16x that, generated to
+the last token), served by a BENCHMARK-ONLY STAND-IN OF SGLANG (a subprocess, one HTTP server per
+engine) that answers as SGLang 0.5.23 does where it matters here: each DP rank keeps its own prefix
+cache and runs at most concurrency / dp requests; a request without `routed_dp_rank` goes to the
+engine's ranks in round robin (SGLang's default load_balance_method); requests that reach a rank in the
+same scheduler step are prefilled together, each checked only against what the cache held before that
+step (the default `fcfs` policy); a hit on a whole prompt reports `cached_tokens` = prompt_tokens minus
+the tail a real engine recomputes (recorded: tests/facts/sglang-0.5.23-prefix-cache.json, the
+DP-attention miniature with NEXTN), a hit on the system prefix alone that prefix. The ranks of an
+engine step together (DP attention): a step lasts `--step-s` plus the slowest rank's work (prefilled
+tokens x `--prefill-token-s` + running requests x `--token-s`); a rank's busy time is its own work.
+Arms, on the same stand-ins, alternated, fresh caches, each warmed up first (16 groups, not counted):
   placement: rollout.dispatch.Dispatcher with rollout.placement.Placement (group placement, primer);
   today    : the same Dispatcher without a placement (least-outstanding engine per sample);
   slime    : a stand-in of slime's path: sglang-router's cache_aware policy as slime sets it (a worker
              that saw the prompt gets it unless loads differ by > 10 and > 1.2x; else the least loaded),
-             then SGLang's round robin over the engine's ranks; prefill and balance only.
-Printed and judged: prefilled prompt tokens / prompt tokens (summed over groups, primers included),
-the ratios of placement to today and to slime, rank imbalance (max / mean of tokens served per
-rank), client CPU per request (process CPU / samples) of placement vs today.
+             then SGLang's round robin over the engine's ranks.
+Printed and judged (means over rounds): prefilled prompt tokens / prompt tokens (primers included; the
+shared prefix cached makes it < 1), placement / today and / slime; rank imbalance (max / mean busy time
+per rank); rollout tokens/s, placement / today and / slime; client CPU per request (process CPU /
+samples), placement / today. bench-quick runs 64 groups with `--short 8`: 4 groups per rank, all placed
+at once, so its rank imbalance is that of 4 whole groups per rank (see docs/manager.md).
 """
 import argparse
 import asyncio
@@ -196,9 +202,8 @@ async def _dispatcher_arm(client, engines, dp, work, n, concurrency, placed):
     async def group(g):
         async with gate:
             await asyncio.gather(*(d.run(s) for s in g.samples))
-    c0 = time.process_time()
     await asyncio.gather(*(group(g) for g in work))
-    return time.process_time() - c0
+    return d.resent
 
 
 async def _slime_arm(session, engines, work, concurrency):
@@ -272,10 +277,14 @@ def scale(args) -> None:
                 work = _workload(groups, args.n, seed, args.short)
                 await _stats(session, engines)
                 t0, c0 = time.monotonic(), time.process_time()
+                resent = 0
                 if arm == "slime":
                     await _slime_arm(session, engines, work, args.concurrency)
                 else:
-                    await _dispatcher_arm(client, engines, dp, work, args.n, args.concurrency, arm == "placement")
+                    resent = await _dispatcher_arm(client, engines, dp, work, args.n, args.concurrency,
+                                                   arm == "placement")
+                if resent:
+                    print(f"  ({arm}: {resent} request(s) re-sent after connection errors or 5xx)", flush=True)
                 cpu, wall = time.process_time() - c0, time.monotonic() - t0
                 return _summary(await _stats(session, engines), work, wall) + (cpu / (groups * args.n),)
             arms = ("placement", "today", "slime")

@@ -1,20 +1,24 @@
 """Group placement vs today's per-sample routing on real engines: two engines of the DP-attention
 miniature (training_configs/tiny-cpu-dpattn.yaml: dp 2, NEXTN, routed experts; chunk 4,096 so a batch
-can hold several prompts), groups of 8, prompts of 256 tokens, the same engines for both arms (the
+can hold several prompts, a 16,384-token pool per rank), groups of 8 of an RL-like step (`rl_groups`:
+prompts of 128-1,024 tokens behind a shared 64-token system prefix; per-sample budgets, most between
+`--engine-new-tokens` / 2 and `--engine-new-tokens`, one in 8 8-16x that, generated to the last token:
+ignore_eos), 12 groups per arm (3 per rank at 16 per engine), the same engines for both arms (the
 dispatcher's placement switched off for `today`), caches flushed before each arm, arms alternated.
 With a slime checkout (SLIME_SRC or --slime-src) and slime's client Python (SLIME_PYTHON), a third arm:
 slime's own generate_rollout through slime's router on the same engines (benchmarks/_slime_arm.py: a
-worker under SLIME_PYTHON, the same kind of prompts as token ids through a stand-in data source, n and
-concurrency per engine as here); its prompt and cached tokens are those slime's Sample keeps from each
-answer's meta_info (`prefix_cache_info`), its time is that of the generate_rollout call. Without them
-that arm prints one line saying it was skipped and why.
+worker under SLIME_PYTHON, the same prompts as token ids and the same per-sample budgets through a
+stand-in data source, n and concurrency per engine as here); its prompt and cached tokens are those
+slime's Sample keeps from each answer's meta_info (`prefix_cache_info`), its time is that of the
+generate_rollout call. Without them that arm prints one line saying it was skipped and why.
 
-    flock /tmp/engine.lock python benchmarks/group_placement_engines.py [--rounds 2] [--engine-groups 4]
+    flock /tmp/engine.lock python benchmarks/group_placement_engines.py [--rounds 2] [--engine-groups 12]
 
-Printed and judged: prompt tokens prefilled per group / prompt tokens (`prompt_tokens - cached_tokens`
-of every answer, the primers included), placement / today, placement / slime; rollout tokens/s,
-placement / today, placement / slime; samples per (engine, DP rank) (not for slime's arm: its Sample
-keeps no DP rank).
+Printed and judged: prompt tokens prefilled / prompt tokens (`prompt_tokens - cached_tokens` of every
+answer, the primers included), placement / today, placement / slime; rollout tokens/s, placement /
+today, placement / slime; DP-rank work imbalance (max / mean over ranks of the tokens each prefilled or
+generated, from the answers' `dp_rank`; not for slime's arm: its Sample keeps no DP rank), today's as a
+fact; samples per (engine, DP rank).
 """
 import argparse
 import asyncio
