@@ -15,7 +15,8 @@ slime's router (`_start_router`, PyPI's sglang-router) and one
   slime:  slime's own `slime.rollout.sglang_rollout.generate_rollout`, the same function, through slime's router.
 The engines: `--engines` of the DP-attention miniature (training_configs/tiny-cpu-dpattn.yaml: dp 2, NEXTN,
 chunk 4,096), started once, caches flushed before every step; a warm-up step of each arm is not counted.
-The data source is a STAND-IN that hands slime Samples whose `tokens` are the prompt ids.
+The data source is a STAND-IN that hands slime Samples whose `tokens` are the prompt ids. Neither arm asks
+for routed experts (every PyPI sglang-router drops `return_routed_experts`, so slime's arm could not get them).
 
     flock /tmp/engine.lock python benchmarks/slime_multiturn.py --slime-src /tmp/slime-src [--rounds 2]
     python benchmarks/slime_multiturn.py --dry      # the judging on recorded figures, no engine, no slime
@@ -143,7 +144,8 @@ class Worker:
                                                           stubs]),
                    **{REWARD_ENV: str(a.reward_s), OBS_ENV: str(a.obs_len)})
         self.log = tempfile.NamedTemporaryFile(prefix="slime-multiturn-", suffix=".log", delete=False)
-        overrides = {"n_samples_per_prompt": GROUP, "sglang_server_concurrency": 16, "use_rollout_routing_replay": False,
+        overrides = {"n_samples_per_prompt": GROUP, "sglang_server_concurrency": 16,
+                     "use_rollout_routing_replay": False,   # PyPI's sglang-router drops them: neither arm asks
                      "rollout_max_response_len": a.turn_tokens, "custom_generate_function_path": f"{BENCH}.three_turns",
                      "custom_rm_path": f"{BENCH}.awaiting_reward"}
         self.proc = subprocess.Popen([SLIME_PYTHON, os.path.abspath(__file__), "--worker", cfg_path, model,
