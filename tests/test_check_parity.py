@@ -94,7 +94,7 @@ def test_metrics_keys_slimes_must_all_be_there_ours_extra_explained():
     assert bad and any(ln.startswith("[DIFF] s: metrics keys: slime's ['rollout/dynamic_filter/drop_x'] missing")
                        for ln in lines)
     lines, bad = lines_of(a, output([[sample(0)]], {"rollout/dynamic_filter/drop_x": 1, "rollout/groups": 1}))
-    assert not bad and any(ln.startswith("[explained] s: metrics keys: plugin mode adds") for ln in lines)
+    assert not bad and any(ln.startswith("[explained] s: extra metrics keys: plugin mode adds") for ln in lines)
 
 
 def test_group_counts_and_indices():
