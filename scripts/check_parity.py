@@ -36,6 +36,8 @@ EXPLAINED = {
     "prefix_cache_info": "placement: plugin mode keeps a group on one (engine, DP rank), slime's router spreads "
                          "it, so the cached-token counts differ",
     "metrics": "plugin mode adds its own rollout/* metrics beside slime's",
+    "cut": "where a straggler is cut is timing (under slime too): each side's continued samples hold loss mask 0 "
+           "on exactly the tokens it held when cut (partial rollout invariants, checked)",
 }
 
 
@@ -102,9 +104,11 @@ def compare_samples(a, b, asked_experts: bool) -> list:
     return out
 
 
-def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bool) -> list:
+def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bool, cut=()) -> list:
     """[(verdict, field, detail)] for two RolloutFnTrainOutputs. `same_groups`: slime's semantics fix which groups
-    fill the batch (else only the samples both returned are compared, and the group counts)."""
+    fill the batch (else only the samples both returned are compared, and the group counts). `cut`: indices of
+    samples continued from slime's buffer on either side: their loss masks hold zeros on the tokens each side
+    held when its straggler was cut (timing, checked by `partial_invariants`), not compared with each other."""
     out = []
     ga, gb = slime_out.samples, ours_out.samples
     if len(ga) != len(gb):
@@ -117,8 +121,10 @@ def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bo
     if not both:
         out.append(("DIFF", "indices", f"no sample index returned by both: slime {sorted(sa)} ours {sorted(sb)}"))
     for i in both:
-        out += [(v, f, f"index {i}: {d}" if v == "DIFF" else d) for v, f, d in compare_samples(sa[i], sb[i],
-                                                                                                asked_experts)]
+        for v, f, d in compare_samples(sa[i], sb[i], asked_experts):
+            if f == "loss_mask" and v == "DIFF" and i in cut:
+                v, d = "explained", "cut"
+            out.append((v, f, f"index {i}: {d}" if v == "DIFF" else d))
     ka, kb = set(slime_out.metrics or {}), set(ours_out.metrics or {})
     if ka - kb:
         out.append(("DIFF", "metrics keys", f"slime's {sorted(ka - kb)} missing from ours"))
@@ -340,9 +346,14 @@ def partial_invariants(side, outs, src) -> list:
             if k and (s.metadata or {}).get("start_rollout_id") != 0:
                 res.append(("DIFF", f"{side}: start_rollout_id", f"index {s.index}: {s.metadata}"))
     cut = sum(1 for r in held.values() if 0 < r)
-    res.append(("equal", f"{side}: partial rollout", f"{len(held)} samples recycled ({cut} with tokens), "
-                                                     f"masked as slime"))
+    print(f"[note] {side}: {len(held)} samples went back through add_samples ({cut} holding tokens: "
+          f"{sorted(held.items())})", flush=True)
+    res.append(("equal", f"{side}: partial rollout", None))
     return res
+
+
+def held_indices(src) -> set:
+    return {i for step in src.added[:1] for g in step for i, r in g}
 
 
 def main(config, model_path, addrs):
@@ -373,8 +384,10 @@ def main(config, model_path, addrs):
             vars(args).update(base)
             got[which] = run_side(which, args, dict(overrides), steps)
         results = []
+        cut = held_indices(got["slime"][1]) | held_indices(got["ours"][1])
         for a, b in zip(got["slime"][0], got["ours"][0]):
-            results += compare_outputs(a, b, asked_experts=args.use_rollout_routing_replay, same_groups=same_groups)
+            results += compare_outputs(a, b, asked_experts=args.use_rollout_routing_replay, same_groups=same_groups,
+                                       cut=cut)
         results += same_prompt_same_tokens(*got["slime"][0], *got["ours"][0])
         if name.startswith("partial"):
             for which in ("slime", "ours"):

@@ -119,3 +119,13 @@ def test_greedy_prompts_hold_one_completion_across_sides_and_steps():
     got = cp.same_prompt_same_tokens(a, b)
     assert got[0][0] == "DIFF" and "'x'" in got[0][2]
     assert cp.same_prompt_same_tokens(a, copy.deepcopy(a))[0][0] == "equal"
+
+
+def test_a_stragglers_cut_point_is_timing_only_for_samples_continued_from_the_buffer():
+    a = output([[sample(4, loss_mask=[0, 0])]])
+    b = output([[sample(4, loss_mask=[0, 1])]])
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, cut={4}))
+    assert not bad and any(ln.startswith("[explained] s: loss_mask: where a straggler is cut is timing")
+                           for ln in lines), lines
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, cut={5}))
+    assert bad and any(ln.startswith("[DIFF] s: loss_mask: index 4") for ln in lines)
