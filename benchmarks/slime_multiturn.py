@@ -60,7 +60,11 @@ def observation(tokens: list, n: int) -> list:
 def turn_budget(index: int, turn: int, mean: int) -> int:
     """A turn's answer length, as an agent's turns vary (the model stops at a tool call or an answer): the same
     for a sample's turn in both arms, between half and one and a half times `--turn-tokens`."""
-    return random.Random(index * 7919 + turn).randint(max(1, mean // 2), mean + mean // 2)
+    return random.Random(index * 7919 + turn).randint(*turn_budget_range(mean))
+
+
+def turn_budget_range(mean: int) -> tuple:
+    return max(1, mean // 2), mean + mean // 2
 
 
 async def three_turns(args, sample, sampling_params):
@@ -188,8 +192,9 @@ def run(a) -> dict:
     cfg, model = _engine_config(argparse.Namespace(engine_new_tokens=a.turn_tokens))
     cfg.engine_groups[0].engines = a.engines
     system = [random.Random(1).randrange(3, 300) for _ in range(a.system_len)]
+    lo, hi = turn_budget_range(a.turn_tokens)
     print(f"{BENCH}: {a.engines} x tiny-cpu-dpattn (dp 2, NEXTN, chunk 4096); {a.groups} groups x {GROUP} x "
-          f"{TURNS} turns of {a.turn_tokens} tokens, {a.obs_len}-token observations, {a.system_len}-token system "
+          f"{TURNS} turns of {lo}-{hi} tokens, {a.obs_len}-token observations, {a.system_len}-token system "
           f"prompt + {a.user_len}-token question, reward awaits {a.reward_s:g} s; starting...", flush=True)
     res: dict = {"ours": [], "slime": []}
 
