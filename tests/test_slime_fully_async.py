@@ -33,6 +33,7 @@ class VersionedWorker(FakeSGLang):
     def __init__(self):
         super().__init__({"/generate": self.generate_versioned, "/model_info": self.model_version})
         self.version, self.requests, self.held = "1", [], []
+        self.expired = 0    # held requests never released
         self.spans = True   # False: answer as 0.5.15.post1 / 0.5.16 do, the version at finish only
         self.gate = None
 
@@ -62,7 +63,11 @@ class VersionedWorker(FakeSGLang):
         began = self.version
         if ids[0] == HOLD and n > 0 and self.held.count(tuple(ids)) < 2:   # both samples' first requests
             self.held.append(tuple(ids))
-            await asyncio.wait_for(self.gate.wait(), 60)
+            try:
+                await asyncio.wait_for(self.gate.wait(), 240)   # released by the test (a bound: never hangs)
+            except asyncio.TimeoutError:
+                self.expired += 1
+                raise
         out = [(ids[-1] + 1 + i) % 300 for i in range(n)]
         meta = answer(out, {"type": "length"}, logprob=-0.5, weight_version=self.version,
                       prompt_tokens=len(ids))["meta_info"]

@@ -31,7 +31,7 @@ from support.slime_standin import REAL as SLIME_AVAILABLE
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.skipif(not SLIME_AVAILABLE, reason="slime is not importable: put a slime checkout "
                                  "(THUDM/slime 624b824) on PYTHONPATH to run slime's own train_async.py"),
-              pytest.mark.timeout(280)]
+              pytest.mark.timeout(420)]
 PROMPTS = [[99, 1]] + [[2 * i + 1, 2 * i + 2] for i in range(1, 14)]   # the first: the long tail (HOLD)
 NUM_ROLLOUT = 5
 
@@ -159,6 +159,7 @@ def _train_async(monkeypatch, stand, **kw):
     finally:
         if "mgr" in holder:
             ray.kill(holder["mgr"])
+    assert stand.worker.expired == 0, "the long tail's requests were not held until the second loop update"
     return actor, taken
 
 
