@@ -54,6 +54,13 @@ def _fields(obj) -> str:
     return f"mode={getattr(obj, 'mode', None)}"
 
 
+class _Args(SimpleNamespace):
+    """The tokenizer manager's server args: fields, and 0.5.16's `override(source, **fields)`."""
+
+    def override(self, source, **fields):
+        self.__dict__.update(fields)
+
+
 class _Unlocked:
     async def is_locked(self):
         return False
@@ -65,8 +72,7 @@ def tokenizer_manager(routed_experts=True):
 
     link = Link()
     tm = object.__new__(TokenizerManager)
-    tm.server_args = SimpleNamespace(enable_return_routed_experts=routed_experts, tokenizer_worker_num=1,
-                                     weight_version="1")
+    tm.server_args = _Args(enable_return_routed_experts=routed_experts, tokenizer_worker_num=1, weight_version="1")
     tm.is_pause, tm.is_pause_cond, tm.model_update_lock = False, asyncio.Condition(), _Unlocked()
     tm.rid_to_state, tm.enable_metrics = {}, False
     tm._dispatch_to_scheduler, tm._async_dispatch_to_scheduler = link.sync, link.send
