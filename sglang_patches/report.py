@@ -34,11 +34,20 @@ def build(server_args: dict) -> dict:
     return {"sglang_version": _found.get("version"), "refusal": _found.get("refusal"), "fixes": fixes}
 
 
+def args_of(server_args) -> dict:
+    """ServerArgs fields by name: a dataclass's `vars()`, or (0.5.23: a msgspec Struct, whose fields are not in its
+    `__dict__`) its `__struct_fields__`."""
+    fields = getattr(server_args, "__struct_fields__", None)
+    if fields:
+        return {f: getattr(server_args, f, None) for f in fields}
+    return dict(vars(server_args)) if hasattr(server_args, "__dict__") else {}
+
+
 async def report(original, self, *args, **kwargs):
     """AROUND get_internal_state: add this engine's fix report to each DP rank's state."""
     states = await original(self, *args, **kwargs)
     try:
-        info = build(dict(vars(getattr(self, "server_args", None) or object())))
+        info = build(args_of(getattr(self, "server_args", None)))
     except Exception as e:      # never break /server_info
         info = {"sglang_version": _found.get("version"), "refusal": f"report failed: {e!r}"[:200], "fixes": []}
     for s in states or ():

@@ -140,3 +140,21 @@ def test_two_tokenizer_workers_carry_the_fixes(tiny_model, tmp_path):
             assert meta[META_KEY] == SAMPLING_TIME, sorted(meta)
     finally:
         engine.stop()
+
+
+def test_the_fix_report_reads_0_5_23_server_args():
+    """0.5.23's ServerArgs is a msgspec Struct: its fields are not in `vars()`, so the report's `needed` read none
+    of them (every fix not needed, admission refusing nothing for a configuration)."""
+    import msgspec
+
+    from sglang_patches.report import args_of
+
+    class Args(msgspec.Struct, dict=True):   # the shape of 0.5.23's ServerArgs (dict=True, fields as slots)
+        tokenizer_worker_num: int = 2
+
+    a = Args()
+    a.extra = 1
+    assert vars(a) == {"extra": 1}                      # what the report read before
+    assert args_of(a)["tokenizer_worker_num"] == 2 and tw.FIX.needed(args_of(a))
+    assert args_of(SimpleNamespace(tokenizer_worker_num=3)) == {"tokenizer_worker_num": 3}
+    assert args_of(None) == {}
