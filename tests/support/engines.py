@@ -46,14 +46,17 @@ def budgets(total_s: float = ENGINE_BUDGET_S):
 
 def start_engine(spec, log_dir: str, total_s: float = ENGINE_BUDGET_S):
     """Start `spec` with the local backend and wait through phased readiness (a line per phase on
-    stderr); returns the admitted LocalEngine. Raises ReadinessError / EngineStartError."""
+    stderr); returns the admitted LocalEngine. Raises ReadinessError / EngineStartError. A stock witness (fixes
+    disabled by SLIME_MOE_ROLLOUT_DISABLE on purpose) is admitted without them, as rollout.allow_unfixed does."""
     import sys
 
     from rollout.engines.local_backend import LocalBackend
     from rollout.engines.readiness import LineView, start_ready
+    from sglang_patches.registry import DISABLE_ENV
 
     view = LineView(lambda text: print(text, file=sys.stderr, flush=True))
-    engine, _ = start_ready(LocalBackend(log_dir), spec, budgets(total_s), view)
+    witness = bool((getattr(getattr(spec, "group", None), "env", None) or {}).get(DISABLE_ENV))
+    engine, _ = start_ready(LocalBackend(log_dir), spec, budgets(total_s), view, allow_unfixed=witness)
     return engine
 
 
