@@ -21,8 +21,8 @@ Fix (surgical wrappers; the mode is `ENV`, else retract where the engine returns
   handler sends (``abort_all_requests`` defaults to true) is dropped, one log line; the version is published.
   Every other abort (``/abort_request``, a client disconnect, an abort-mode pause) passes.
 
-Each answer's weight versions: 0.5.23 reports them per token range itself (``meta_info["weight_versions"]``);
-before it ``meta_info["weight_version"]`` is the version at finish only (not changed here).
+Each answer's weight versions: 0.5.19+ report them per token range themselves (``meta_info["weight_versions"]``);
+before 0.5.19 ``meta_info["weight_version"]`` is the version at finish only (not changed here).
 """
 import logging
 import os
