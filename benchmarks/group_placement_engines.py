@@ -84,8 +84,8 @@ def rl_groups(groups, n, seed, short, vocab=300, lengths=(128, 1024), prefix_len
     out = []
     for _ in range(groups):
         question = [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths) - prefix_len)]
-        budgets = [short * rng.randint(8, 16) if rng.randrange(tail[1]) < tail[0] else rng.randint(max(1, short // 2), short)
-                   for _ in range(n)]
+        budgets = [short * rng.randint(8, 16) if rng.randrange(tail[1]) < tail[0]
+                   else rng.randint(max(1, short // 2), short) for _ in range(n)]
         out.append((system + question, budgets))
     return out
 

@@ -15,8 +15,9 @@ Options for callers that speak for another trainer (the slime adapter): `seeds` 
 `sampling_seed`), `keep_answers` (every answer's text and meta_info on `sample.outputs`), and a
 per-call `sampling` override of `run`. Every HTTP call goes through the engine client (`engines.client`).
 Which engines are admitted, their DP ranks and load in flight live in one place, `engines.state.EngineTable`
-(`self.engines`; placement and the sources read it). Which engine gets a sample is decided in one place, `place`: with a `Placement` (rollout/placement.py) each sample goes to the
-(engine, DP rank) it places it on, waiting for that engine's free slot, instead of the least-outstanding engine.
+(`self.engines`; placement and the sources read it). Which engine gets a sample is decided in one place,
+`place`: with a `Placement` (rollout/placement.py) each sample goes to the (engine, DP rank) it places it
+on, waiting for that engine's free slot, instead of the least-outstanding engine.
 """
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ class Dispatcher:
         """`compact`: the engine advertised compact routed experts for this model (asked for per request);
         `dp_ranks`: its attention-DP ranks as readiness probed them (placement pins ranks when > 1)."""
         async with self._cond:
-            self.engines.admit(engine, self.capacity, dp_ranks, None if weight_version is None else str(weight_version),
-                               bool(compact) and self.routed_experts)
+            version = None if weight_version is None else str(weight_version)
+            self.engines.admit(engine, self.capacity, dp_ranks, version, bool(compact) and self.routed_experts)
         self._wake_all()
 
     async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True,
