@@ -207,7 +207,7 @@ def run(a) -> dict:
             print(f"  {worker.ready}", file=sys.stderr, flush=True)
 
             async def one(arm, seed, counted, r=0):
-                await _flush(mgr)
+                await _flush(mgr, 600.0)   # health probes keep a request pending on a loaded machine
                 out = await asyncio.to_thread(worker.step, arm, prompts(a.groups, system, a.user_len, seed), seed)
                 assert out["groups"] == a.groups and len(out["turns"]) == a.groups * GROUP * TURNS, out
                 fig = summarise(out)
