@@ -14,7 +14,8 @@ engine's ranks in round robin (SGLang's default load_balance_method); requests t
 same scheduler step are prefilled together, each checked only against what the cache held before that
 step (the default `fcfs` policy); a hit on a whole prompt reports `cached_tokens` = prompt_tokens minus
 the tail a real engine recomputes (recorded: tests/facts/sglang-0.5.23-prefix-cache.json, the
-DP-attention miniature with NEXTN), a hit on the system prefix alone that prefix. The ranks of an
+DP-attention miniature with NEXTN), a hit on the system prefix alone that prefix but its last token
+(recorded there too). The ranks of an
 engine step together (DP attention): a step lasts `--step-s` plus the slowest rank's work (prefilled
 tokens x `--prefill-token-s` + running requests x `--token-s`); a rank's busy time is its own work.
 Arms, on the same stand-ins, alternated, fresh caches, each warmed up first (16 groups, not counted):
@@ -45,6 +46,7 @@ from _targets import fact, finish, judge  # noqa: E402
 
 FACT = os.path.join(ROOT, "tests", "facts", "sglang-0.5.23-prefix-cache.json")
 BENCH = "group_placement"
+PREFIX_TAIL = 1   # a longer prompt behind a cached one: all but 1 of its tokens cached (the fact file's answer 3)
 
 
 def recorded_tail() -> int:
@@ -77,7 +79,7 @@ def _serve(ports, dp, tail, prefix_len, per_rank, cost, ready, cpu):
         if hash(tuple(ids)) in rank.cache:
             return max(0, len(ids) - tail)
         if prefix_len and len(ids) > prefix_len and hash(tuple(ids[:prefix_len])) in rank.cache:
-            return prefix_len
+            return prefix_len - PREFIX_TAIL
         return 0
 
     async def main():
