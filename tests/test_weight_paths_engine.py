@@ -23,8 +23,12 @@ PROMPTS = [[10 + (i * 37 + j * 11) % 180 for j in range(12)] for i in range(3)]
 TENSOR = "model.embed_tokens.weight"
 
 
+_HELD = []   # the sent tensors: their shared memory must outlive the engine's read of it
+
+
 def _tensor_bucket(model_dir: str) -> list:
-    """One serialized entry (TP 1) holding TENSOR from `model_dir`, as slime serializes a bucket."""
+    """One serialized entry (TP 1) holding TENSOR from `model_dir`, as slime serializes a bucket (each bucket is
+    read once: the engine's read releases its shared memory)."""
     import torch
     from safetensors.torch import load_file
     from sglang.srt.utils import MultiprocessingSerializer
@@ -34,7 +38,8 @@ def _tensor_bucket(model_dir: str) -> list:
     for name in sorted(os.listdir(model_dir)):
         if name.endswith(".safetensors"):
             weights.update(load_file(os.path.join(model_dir, name)))
-    return [MultiprocessingSerializer.serialize([(TENSOR, weights[TENSOR].clone())], output_str=True)]
+    _HELD.append(weights[TENSOR].clone())
+    return [MultiprocessingSerializer.serialize([(TENSOR, _HELD[-1])], output_str=True)]
 
 
 async def _in_flight(client, eng, update):
@@ -72,7 +77,6 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
     from rollout.errors import EngineRejected
 
     eng = start_engine(preset("a", model, api_key=""), tempfile.mkdtemp(prefix="engine-paths-"), budget_s)
-    bucket = _tensor_bucket(other)
 
     async def main():
         out = {}
@@ -81,10 +85,10 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
             out["version"] = await client.sglang_version(e)
             disk = lambda: client.update_weights_from_disk(e, other, "2")  # noqa: E731
             out["disk"] = await _in_flight(client, eng, lambda: client.update_weights(e, disk, "2", path="disk"))
-            tensor = lambda: client.update_weights_from_tensor(e, bucket, "3")  # noqa: E731
+            tensor = lambda: client.update_weights_from_tensor(e, _tensor_bucket(other), "3")  # noqa: E731
             out["tensor"] = await _in_flight(client, eng, lambda: client.update_weights(e, tensor, "3", path="tensor"))
             try:
-                await client.update_weights_from_tensor(e, bucket, "4")
+                await client.update_weights_from_tensor(e, _tensor_bucket(other), "4")
                 out["bare_tensor"] = "accepted"
             except EngineRejected as err:
                 out["bare_tensor"] = err.body
