@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from rollout.routed_experts import decode_compact, slime_compact
 from rollout.slime import custom, flags
-from rollout.slime.convert import fill_sample, prompt_ids
+from rollout.slime.convert import fill_sample, prompt_ids, refuse_multimodal
 from rollout.slime.partial import manager_group, recycle
 from rollout.slime.sink import Sink
 from rollout.slime.state import STATE, ensure, load, loop, reset, set_backend, set_tokenizer, slime_helper
@@ -62,7 +62,7 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
 
     def admit(slime_groups: list) -> list:   # manager groups for slime's; `pending` pairs them
         if path is None:
-            _refuse_multimodal(slime_groups)
+            refuse_multimodal(slime_groups)
         groups = [path.group(g) if path else manager_group(backend, g, tokenizer) for g in slime_groups]
         pending.update((g.group_id, slime_group) for g, slime_group in zip(groups, slime_groups))
         if path is not None:
@@ -112,15 +112,6 @@ def _refuse(args) -> None:
         raise ValueError("--disable-rollout-global-dataset with slime's default data source gives empty prompts "
                          "(slime's generate_rollout asserts rollout_global_dataset): give --data-source-path or "
                          "drop the flag")
-
-
-def _refuse_multimodal(groups) -> None:
-    for g in groups:
-        for s in g:
-            mm = getattr(s, "multimodal_inputs", None) or {}
-            if any(v is not None for v in mm.values()):
-                raise ValueError(f"sample index {s.index} has multimodal inputs ({', '.join(sorted(mm))}): plugin "
-                                 "mode sends tokens only; use slime's own rollout function for multimodal prompts")
 
 
 async def _step(backend, groups, sink, need, refill=None, run=None):

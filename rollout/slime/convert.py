@@ -46,3 +46,12 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
             dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
         src.routed_experts = None
     return dst
+
+
+def refuse_multimodal(groups) -> None:
+    for g in groups:
+        for s in g:
+            mm = getattr(s, "multimodal_inputs", None) or {}
+            if any(v is not None for v in mm.values()):
+                raise ValueError(f"sample index {s.index} has multimodal inputs ({', '.join(sorted(mm))}): plugin "
+                                 "mode sends tokens only; use slime's own rollout function for multimodal prompts")

@@ -37,7 +37,7 @@ from typing import Optional
 
 from rollout.errors import EngineError
 from rollout.slime import flags
-from rollout.slime.adapter import _refuse_multimodal
+from rollout.slime.convert import refuse_multimodal
 from rollout.slime.partial import manager_group
 from rollout.slime.sink import Sink, on_one_rank
 from rollout.slime.state import STATE, ensure, loop, slime_helper
@@ -171,7 +171,7 @@ class Pool:
         return out
 
     def _admit(self, slime_groups: list, keep: bool = False) -> list:
-        _refuse_multimodal(slime_groups)
+        refuse_multimodal(slime_groups)
         groups = []
         for sg in slime_groups:
             g = manager_group(self.backend, sg, self.tokenizer)
