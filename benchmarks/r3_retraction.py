@@ -19,7 +19,9 @@ Judged (benchmarks/targets.toml):
 - k3_kl_retracted: k3 KL of `r3 check`'s replay (transformers' forward with the captured rows) on the
   retracted samples / on the unretracted ones, target <= 1.1; and k3_kl_retracted_disabled, the same ratio from
   a second engine with `retraction-routes` disabled (its re-prefill routes as SGLang chooses), same prompts and
-  updates, which must miss that target (>= 1.1): a run where the two arms do not separate is a MISS.
+  updates, which must miss that target (>= 1.1), judged where that arm's re-prefill changed at least MIN_FLIPS of
+  the kept token-layer rows (below that, one line says k3 cannot separate the arms: the DP-attention config's
+  disabled re-prefill changed 0.29%).
 - reprefill_agreement: of the retracted samples' kept token-layer rows, the share the re-prefill routed to the
   same expert set as sampled (the scheduler's own count, `reprefill_differ` / `reprefill_compared` in its
   evidence, taken before the splice); with retraction-routes the re-prefill is forced, target 1.0. And
