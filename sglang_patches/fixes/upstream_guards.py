@@ -1,4 +1,5 @@
-"""Three changes proposed in sglang#26016 that SGLang handles itself. Guard tests only, no hooks.
+"""Defects SGLang handles itself (three changes proposed in sglang#26016, and sglang#36262's prefill-graph
+buckets). Guard tests only, no hooks.
 
 - dp-buffer-sizing (global_num_tokens sizing for require_attn_tp_gather): 0.5.21 and later keep
   one-entry lists on purpose and resolve them with `dp_slot_in`; porting the proposed change would
@@ -7,8 +8,13 @@
 - verify-logits-truncation (truncate padded verify logits): `post_forward_mlp_sync_batch` slices.
 - heartbeat-reset (reset the heartbeat before "fired up"): `/health_generate` only accepts a message
   received after the probe's own start, so the reset changes nothing.
+- prefill-graph-buckets (sglang#36262): under DP attention with attn_tp > 1 a prefill-graph bucket that is
+  not a multiple of attn_tp_size stops the graph's DP gather; 0.5.22+ run prefill graphs there by default
+  and align every bucket to attn_tp_size themselves; earlier releases do not run them there by default.
 """
 from sglang_patches.registry import Fix
+
+PREFILL_GRAPH_TEST = "tests/test_prefill_graph_attn_tp.py"   # a real CPU engine (e2e)
 
 FIXES = [
     Fix(
@@ -34,5 +40,13 @@ FIXES = [
         "newer than the probe itself, so the reset is a no-op.",
         reference="sglang#26016",
         test="tests/test_upstream_guards.py::test_heartbeat_reset_guard",
+    ),
+    Fix(
+        name="prefill-graph-buckets",
+        family="dp-attention",
+        defect="Prefill-graph buckets that are not multiples of attn_tp_size stop the graph's DP gather under DP "
+        "attention with attn_tp > 1. 0.5.22+ capture every bucket aligned to attn_tp_size.",
+        reference="sglang#36262",
+        test=PREFILL_GRAPH_TEST,
     ),
 ]

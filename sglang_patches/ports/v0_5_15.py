@@ -21,6 +21,7 @@ from sglang_patches.fixes import (capture_snapshot as snap, capturer_extent as c
                                   draft_token_count as dtc, routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import upstream_guards as ug
 from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import Port, same_as
@@ -45,6 +46,9 @@ PORTS = {
                                      reason="post_forward_mlp_sync_batch truncates padded verify logits"),
     "heartbeat-reset": Port(state=FixState.UPSTREAM, test=GUARD_TEST,
                             reason="/health_generate needs a message newer than the probe"),
+    "prefill-graph-buckets": Port(state=FixState.NOT_NEEDED, test=ug.PREFILL_GRAPH_TEST, reason=(
+        "prefill CUDA graphs are not on by default under DP attention; buckets are captured as given, so one "
+        "requested explicitly there with attn_tp > 1 needs multiples of attn_tp_size")),
     "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT: "581aee9d31bda994"}, test=FIX_TEST),  # slime's patches leave it alone
     "accepted-path-rows": same_as("v0_5_23"),

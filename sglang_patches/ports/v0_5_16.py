@@ -24,6 +24,7 @@ PORTS = {
     "dp-buffer-sizing": same_as("v0_5_15"),
     "verify-logits-truncation": same_as("v0_5_15"),
     "heartbeat-reset": same_as("v0_5_15"),
+    "prefill-graph-buckets": same_as("v0_5_15"),
     "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT: "897f4db58ae3db2a"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),

@@ -42,6 +42,7 @@ PORTS = {
     "dp-buffer-sizing": same_as("v0_5_15"),
     "verify-logits-truncation": same_as("v0_5_15"),
     "heartbeat-reset": same_as("v0_5_15"),
+    "prefill-graph-buckets": same_as("v0_5_15"),
     "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT: "d371f05cb690ec0a"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),

@@ -27,6 +27,7 @@ PORTS = {
                              reason="one-entry per-rank lists are resolved via dp_slot_in"),
     "verify-logits-truncation": same_as("v0_5_15"),
     "heartbeat-reset": same_as("v0_5_15"),
+    "prefill-graph-buckets": same_as("v0_5_15"),
     "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "a7e61b4cbd9bf676"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),

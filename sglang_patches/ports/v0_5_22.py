@@ -20,6 +20,7 @@ PORTS = {
     "dp-buffer-sizing": same_as("v0_5_21"),
     "verify-logits-truncation": same_as("v0_5_15"),
     "heartbeat-reset": same_as("v0_5_15"),
+    "prefill-graph-buckets": same_as("v0_5_23"),
     "padding-rows-capture": same_as("v0_5_23"),
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),

@@ -15,6 +15,7 @@ from sglang_patches.fixes import (accepted_path_rows as apr, capturer_extent as 
                                   routed_experts_rows as rer, verify_padding_lcm as vpl)
 from sglang_patches.fixes import retraction_rows as rr
 from sglang_patches.fixes import retraction_routes as rro
+from sglang_patches.fixes import upstream_guards as ug
 from sglang_patches.fixes import weight_update_pause as wup
 from sglang_patches.fixes import tokenizer_workers as tw
 from sglang_patches.registry import Port
@@ -34,6 +35,9 @@ PORTS = {
                                      reason="post_forward_mlp_sync_batch truncates padded verify logits"),
     "heartbeat-reset": Port(state=FixState.UPSTREAM, test=f"{GUARDS}::test_heartbeat_reset_guard",
                             reason="/health_generate needs a message newer than the probe"),
+    "prefill-graph-buckets": Port(state=FixState.UPSTREAM, test=ug.PREFILL_GRAPH_TEST, reason=(
+        "PrefillCudaGraphRunner captures get_prefill_num_tokens_to_capture: every bucket aligned to attn_tp_size "
+        "when the gathered buffer is required (always under DP attention with moe_a2a_backend none)")),
     "padding-rows-capture": Port(state=FixState.NOT_NEEDED, reason=(
         "captured before the padded-region mask, but padded rows are stored to the reserved KV slot 0, which no "
         "request's req_to_token holds")),
