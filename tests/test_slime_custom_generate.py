@@ -293,7 +293,9 @@ def test_custom_path_failed_groups_are_dropped_counted_and_refilled(refusing, mo
                  custom_generate_function_path=f"{__name__}.one_turn")
     out = slime_adapter.generate_rollout(args, 0, StandInDataSource([[BAD, 1], [1, 2], [3, 4], [5, 6]], 2))
     assert out.metrics["rollout/failed_groups"] == 1
-    assert sorted(g[0].tokens[0] for g in out.samples) == [1, 3]
+    firsts = sorted(g[0].tokens[0] for g in out.samples)
+    # the refill fetched two groups for the one spot left: whichever finishes first takes it
+    assert len(firsts) == 2 and firsts[0] == 1 and firsts[1] in (3, 5), firsts
     assert all(s.status != Sample.Status.FAILED for g in out.samples for s in g)
 
 
