@@ -85,16 +85,16 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ engines
     async def admit(self, engine, weight_version: Optional[str] = None, compact: bool = False,
-                    dp_ranks: Optional[int] = None) -> None:
+                    dp_ranks: Optional[int] = None, replicas: bool = False) -> None:
         """`compact`: the engine advertised compact routed experts for this model (asked for per request);
-        `dp_ranks`: its attention-DP ranks as readiness probed them (placement pins ranks when > 1)."""
+        `dp_ranks`: its DP ranks as readiness probed them (pinned when > 1; `replicas`: plain --dp-size)."""
         async with self._cond:
             version = None if weight_version is None else str(weight_version)
-            self.engines.admit(engine, self.capacity, dp_ranks, version, bool(compact) and self.routed_experts)
+            self.engines.admit(engine, self.capacity, dp_ranks, version, compact and self.routed_experts, replicas)
         self._wake_all()
 
     async def enlist(self, engine, weight_version: Optional[str] = None, ask_version: bool = True,
-                     dp_ranks: Optional[int] = None) -> None:
+                     dp_ranks: Optional[int] = None, replicas: bool = False) -> None:
         """Admit after asking the engine what dispatch needs: its weight version (when `ask_version`; None when
         it does not say), with routed experts on whether it advertises them compact (if not, it is asked for
         SGLang's int32 format and `routed_formats` says why) and, with a placement and no `dp_ranks` given,
@@ -108,7 +108,7 @@ class Dispatcher:
         info = await self._server_info(engine) if self.layout is not None or ask_ranks else {}
         if ask_ranks and info and "error" not in info:
             dp_ranks = dp_ranks_of(info)
-        await self.admit(engine, weight_version, self._offers_compact(engine, info), dp_ranks)
+        await self.admit(engine, weight_version, self._offers_compact(engine, info), dp_ranks, replicas)
 
     async def _server_info(self, engine) -> dict:
         try:

@@ -1,11 +1,12 @@
 """A managed fleet: the engines this process launches, admits, watches and restarts.
 
 `open(pool)` starts every spec with the backend and admits each engine only after every readiness
-phase. The health monitor (or a dead process) removes an engine; its in-flight samples are re-sent to
-the others by the pool; the engine is restarted and re-admitted only after every readiness phase and,
-once weights were updated (`weight_version` set), after the weight-version check hook. Every restart
-failure (whatever its exception) is logged and counted, restarts back off, and when every engine is
-given up the pool is closed with one line naming engines and causes.
+phase. The health monitor (or a dead process) removes an engine (one of plain DP replicas also when one
+replica is wedged: each is probed alone); its in-flight samples are re-sent to the others by the pool;
+the engine is restarted and re-admitted only after every readiness phase and, once weights were updated
+(`weight_version` set), after the weight-version check hook. Every restart failure (whatever its
+exception) is logged and counted, restarts back off, and when every engine is given up the pool is
+closed with one line naming engines and causes.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional
 
-from rollout.engines.health import HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe
+from rollout.engines.health import (HEALTH_WINDOW_ENV, SGLANG_HEALTH_WINDOW_S, HealthMonitor, http_probe, per_replica,
+                                   replica_probe)
 from rollout.engines.readiness import NullView, wait_ready
 from rollout.engines.source import EngineSource
 from rollout.errors import WeightVersionError, one_line
@@ -57,7 +59,9 @@ class ManagedFleet(EngineSource):
 
     async def open(self, pool) -> None:
         self.pool = pool
-        probe = self._probe or http_probe(pool.client, self.health_cfg.timeout_s)
+        client, timeout_s = pool.client, self.health_cfg.timeout_s
+        probe = self._probe or per_replica(http_probe(client, timeout_s), replica_probe(client, timeout_s),
+                                           pool.engines.replicas)
         self.monitor = HealthMonitor(probe, self._on_dead, self.health_cfg.interval_s, self.health_cfg.failures,
                                      server_window_s=self._server_health_window())
         pool.engines.listen(admitted=lambda e: self.monitor.watch(e.engine),   # what is admitted is watched
@@ -89,7 +93,8 @@ class ManagedFleet(EngineSource):
         except BaseException:
             await asyncio.to_thread(engine.stop)
             raise
-        await self.pool.enlist(engine, info.weight_version, ask_version=False, dp_ranks=info.dp_size)
+        await self.pool.enlist(engine, info.weight_version, ask_version=False, dp_ranks=info.dp_size,
+                               replicas=info.replicas)
         self.events.log(spec.name, EngineEvent.ADMITTED, self.pool.routed_formats.get(spec.name, ""))
         return engine
 

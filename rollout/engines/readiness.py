@@ -77,6 +77,11 @@ class ReadyInfo:
     def total_s(self) -> float:
         return sum(self.phase_s.values())
 
+    @property
+    def replicas(self) -> bool:
+        """The DP ranks are plain replicas (`plain_replicas` of the last /server_info read)."""
+        return bool(self.server_info) and plain_replicas(self.server_info)
+
 
 def dp_ranks(server_info: dict) -> int:
     """How many `routed_dp_rank` targets an engine has, from its `/server_info`.
@@ -88,6 +93,12 @@ def dp_ranks(server_info: dict) -> int:
     """
     dp = int(server_info.get("dp_size") or 1)
     return dp * int(server_info.get("attn_dp_size") or 1)
+
+
+def plain_replicas(server_info: dict) -> bool:
+    """Whether an engine's DP ranks are plain `--dp-size` replicas (no DP attention: they do not step
+    together, so each is probed on its own after admission, `health.per_replica`)."""
+    return int(server_info.get("dp_size") or 1) > 1 and not server_info.get("enable_dp_attention")
 
 
 class NullView:

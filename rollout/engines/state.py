@@ -22,9 +22,10 @@ class EngineEntry:
     """One admitted engine: what readiness and /server_info said of it, and its load in flight."""
 
     def __init__(self, engine, capacity: int, dp_ranks: int = 1, version: Optional[str] = None,
-                 compact: bool = False):
+                 compact: bool = False, replicas: bool = False):
         self.engine, self.capacity = engine, capacity
-        self.dp_ranks = max(1, int(dp_ranks or 1))    # attention-DP ranks (placement pins ranks when > 1)
+        self.dp_ranks = max(1, int(dp_ranks or 1))    # DP ranks (placement pins ranks when > 1)
+        self.replicas = replicas and self.dp_ranks > 1  # they are plain --dp-size replicas: each probed alone
         self.version = version                        # weight version the engine reported last
         self.compact = compact                        # ask for compact routed experts (engine advertises them)
         self.outstanding = self.served = 0            # attempts in flight, answered
@@ -61,11 +62,17 @@ class EngineTable:
             self._removed.append(removed)
 
     def admit(self, engine, capacity: int, dp_ranks: Optional[int] = None, version: Optional[str] = None,
-              compact: bool = False) -> EngineEntry:
-        entry = self.slots[engine.name] = EngineEntry(engine, capacity, dp_ranks, version, compact)
+              compact: bool = False, replicas: bool = False) -> EngineEntry:
+        entry = self.slots[engine.name] = EngineEntry(engine, capacity, dp_ranks, version, compact, replicas)
         for fn in self._admitted:
             fn(entry)
         return entry
+
+    def replicas(self, engine) -> int:
+        """How many plain DP replicas the admitted `engine` (that very object) has; 1 when its ranks are not
+        replicas (one rank, or DP attention: they step together) or it is not admitted."""
+        entry = self.slots.get(engine.name)
+        return entry.dp_ranks if entry is not None and entry.engine is engine and entry.replicas else 1
 
     def remove(self, engine) -> Optional[EngineEntry]:
         """Take `engine` (that very object, not a restarted one of the same name) out; its entry, or None."""
