@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from rollout.routed_experts import decode_compact, slime_compact
 from rollout.slime import custom, flags
-from rollout.slime.convert import fill_sample, prompt_ids, refuse_multimodal
+from rollout.slime.convert import fill_sample, flat, prompt_ids, refuse_multimodal
 from rollout.slime.partial import manager_group, recycle
 from rollout.slime.sink import Sink
 from rollout.slime.state import STATE, ensure, load, loop, reset, set_backend, set_tokenizer, slime_helper
@@ -126,7 +126,7 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
         load(args.rollout_sample_filter_path)(args, data)
     if getattr(args, "rollout_all_samples_process_path", None):
         load(args.rollout_all_samples_process_path)(args, all_groups, data_source)
-    versions = [s.weight_versions[-1] for g in data for s in _flat(g) if s.weight_versions]
+    versions = [s.weight_versions[-1] for g in data for s in flat(g) if s.weight_versions]
     if versions:   # the version the engines serve now: what a restarted engine must match
         backend.set_weight_version(versions[-1])
     metrics = dict(sink.filter.metrics())
@@ -140,13 +140,8 @@ def _output(args, backend, sink, results, data_source) -> RolloutFnTrainOutput:
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
-def _flat(group) -> list:
-    """A group's samples, a custom generate function's `list[Sample]` entries opened."""
-    return [x for s in group for x in (s if isinstance(s, list) else [s])]
-
-
 def _index(group) -> int:   # slime sorts groups by their first sample's index
-    return _flat(group)[0].index or 0
+    return flat(group)[0].index or 0
 
 
 async def generate(args, sample, sampling_params, evaluation=False):

@@ -1,5 +1,6 @@
 """One manager sample into slime's `Sample`: the prompt's tokens by slime's rule, every SGLang answer replayed
-through slime's own `append_response_tokens`, routed experts in slime's shape."""
+through slime's own `append_response_tokens`, routed experts in slime's shape;
+the weight version of every response token (`version_spans`)."""
 from __future__ import annotations
 
 from rollout.routed_experts import slime_compact, to_slime_shape
@@ -46,6 +47,35 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
             dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
         src.routed_experts = None
     return dst
+
+
+def version_spans(ms, held_version=None) -> list:
+    """The weight version of every response token of manager sample `ms`, as SGLang's spans over the response:
+    held tokens (from slime's buffer) `held_version`, then each answer's spans (or its one version)."""
+    spans: list = []
+
+    def add(version, n):
+        if n <= 0:
+            return
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] += n
+        else:
+            start = spans[-1]["end"] if spans else 0
+            spans.append({"version": version, "start": start, "end": start + n})
+    add(held_version, len(ms.response_ids) - sum(n for n, _, _ in ms.outputs))
+    for n, _, meta in ms.outputs:
+        done = 0
+        for span in meta.get("weight_versions") or ():
+            k = min(int(span["end"]), n) - done
+            add(str(span["version"]), k)
+            done += max(0, k)
+        add(None if meta.get("weight_version") is None else str(meta["weight_version"]), n - done)
+    return spans
+
+
+def flat(group) -> list:
+    """A group's samples, a custom generate function's `list[Sample]` entries opened."""
+    return [x for s in group for x in (s if isinstance(s, list) else [s])]
 
 
 def refuse_multimodal(groups) -> None:

@@ -13,11 +13,18 @@ manager group, carrying the engine and DP rank of the sample's previous turn: gr
 (`rollout/placement.py`) seats the group's samples together and sends every later turn back to that rank,
 so each turn's prefix is in its cache; lost engines and re-sends are the dispatcher's (exactly once per
 turn). The user's function merges the turns itself, as under slime (`Sample.append_response_tokens`).
+
+The fully-async pool (`Step(..., background=True)`) runs the functions between slime's calls: they get a copy
+of slime's args pointing at the front (slime's own keep its router, for its eval meanwhile), a turn an engine
+aborted (a weight update's pause) is continued from its tokens, as the manager continues its own samples, and
+`versions` says which weight version sampled which tokens of each returned sample, from every turn's answers.
 """
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional
@@ -26,13 +33,13 @@ from aiohttp import web
 
 from rollout.routed_experts import encode_sglang, expand
 from rollout.slime import attach
-from rollout.slime.convert import prompt_ids
+from rollout.slime.convert import flat, prompt_ids, version_spans
 from rollout.slime.sink import Sink, failure_line
 from rollout.slime.state import load, loop
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
 
-__all__ = ["CustomSink", "Front", "Step", "active", "custom_path", "run_group"]
+__all__ = ["CustomSink", "Front", "Step", "active", "custom_path", "run_group", "versions"]
 SGLANG_MAX_NEW_TOKENS = 128   # SGLang's SamplingParams default, for a request that names none
 _FINISH = {SampleStatus.TRUNCATED: "length", SampleStatus.ABORTED: "abort", SampleStatus.PENDING: "abort",
            SampleStatus.COMPLETED: "stop"}   # PENDING: not sent, the batch filled first
@@ -49,6 +56,10 @@ class _Track:
     engines: list = field(default_factory=list)
     dp_rank: Optional[int] = None
     turns: int = 0
+    busy: bool = False     # a turn of it is in flight (another request with its prefix is another sample's)
+    spans: list = field(default_factory=list)      # SGLang's version spans of its answers, positions in `known`
+    versions: list = field(default_factory=list)   # the version each answer finished under (slime's rule)
+    spanned: bool = True   # every answer named its tokens' versions (SGLang 0.5.19+), not only the last one
 
 
 class Front:
@@ -61,6 +72,7 @@ class Front:
         self.requests = 0
         self.failed: dict = {}     # group id -> asyncio.Event, set at its first FAILED turn
         self.failures: dict = {}   # group id -> the manager sample of that turn
+        self.resume: set = set()   # group ids whose turns an engine aborted are continued (the pool's)
         self.runner = self.port = None
 
     async def start(self) -> "Front":
@@ -77,8 +89,10 @@ class Front:
         if self.runner is not None:
             await self.runner.cleanup()
 
-    def open_group(self, group_id: str, prompt_ids: list, prompt_text=None) -> None:
+    def open_group(self, group_id: str, prompt_ids: list, prompt_text=None, resume: bool = False) -> None:
         self.roots[group_id] = [list(prompt_ids), prompt_text if isinstance(prompt_text, str) else None, 0]
+        if resume:
+            self.resume.add(group_id)
 
     def watch(self, group_id: str) -> asyncio.Event:
         """Set when a turn of the group comes back FAILED (`failures[group_id]` is its manager sample)."""
@@ -88,6 +102,7 @@ class Front:
         """Forget the group; returns its tracks (one per sample that sent a turn)."""
         self.roots.pop(group_id, None)
         self.failed.pop(group_id, None)
+        self.resume.discard(group_id)
         mine = [t for t in self.tracks if t.group_id == group_id]
         self.tracks = [t for t in self.tracks if t.group_id != group_id]
         return mine
@@ -98,7 +113,7 @@ class Front:
         def starts(prefix):
             return prefix is not None and len(prefix) <= len(key) and key[:len(prefix)] == prefix
         best = max((t for t in self.tracks if starts(t.text if by_text else t.known)),
-                   key=lambda t: len(t.text if by_text else t.known), default=None)
+                   key=lambda t: (len(t.text if by_text else t.known), not t.busy), default=None)
         root = max(((g, r) for g, r in self.roots.items() if starts(r[1] if by_text else r[0])),
                    key=lambda gr: len(gr[1][1] if by_text else gr[1][0]), default=None)
         if best is not None and (root is None or len(best.text if by_text else best.known)
@@ -136,7 +151,14 @@ class Front:
         if budget <= 0:
             ms.status = SampleStatus.TRUNCATED
         else:
-            ms = await self.backend.generate(ms, sp)
+            track.busy = True
+            try:
+                ms = await self.backend.generate(ms, sp)
+                while ms.status is SampleStatus.ABORTED and track.group_id in self.resume:   # as the manager's loop
+                    ms.resumes += 1
+                    ms = await self.backend.generate(ms, sp)
+            finally:
+                track.busy = False
         self.requests += 1
         track.turns += 1
         track.engines, track.dp_rank = list(ms.engines), ms.dp_rank
@@ -148,6 +170,9 @@ class Front:
             return web.Response(status=500, text=f"sample {ms.sample_id}: {ms.error}")
         answer = self._answer(ms, body)
         track.text = (text or "") + answer["text"]
+        track.spans += [dict(s, start=s["start"] + len(ids), end=s["end"] + len(ids)) for s in version_spans(ms)]
+        track.versions += [str(m["weight_version"]) for _, _, m in ms.outputs if m.get("weight_version") is not None]
+        track.spanned = track.spanned and all(m.get("weight_versions") for _, _, m in ms.outputs)
         return web.json_response(answer)
 
     def _answer(self, ms: ManagerSample, body: dict) -> dict:
@@ -210,6 +235,42 @@ async def run_group(args, front: Front, group: list) -> list:
     return list(await asyncio.gather(*tasks))
 
 
+def versions(returned: list, tracks: list, prompt_len: int, held: dict) -> tuple:
+    """Which weight version sampled which response tokens of each sample the functions returned (a
+    `list[Sample]` opened), as SGLang's spans over its response: the answers of the sample's track (the one
+    whose tokens, or text, it starts with; one not matched yet first). Tokens of the function's own (a tool's
+    observation) are in no span; tokens held before the call (`held`: id(sample) -> (response_length,
+    weight_versions)) take its first version. `Sample.weight_versions` gets one entry per answer, as slime
+    fills it, where the function added none. Returns (spans per sample, every track's spans, whether every
+    answer named its tokens' versions)."""
+    used, out = set(), []
+    for s in flat(returned):
+        t = _match(s, tracks, used)
+        n0, wv0 = held.get(id(s), (0, []))
+        seq = list(s.tokens or [])
+        start0, end = (len(seq) - s.response_length, s.response_length) if seq else (prompt_len, math.inf)
+        spans = [{"version": (wv0 or [None])[0], "start": 0, "end": n0}] if n0 else []
+        for sp in t.spans if t is not None else ():
+            a, b = max(n0, sp["start"] - start0), min(end, sp["end"] - start0)
+            if b > a:
+                spans.append({"version": sp["version"], "start": a, "end": b})
+        if t is not None:
+            used.add(id(t))
+            if len(s.weight_versions or []) == len(wv0):
+                s.weight_versions = list(s.weight_versions or []) + t.versions
+        out.append(spans)
+    return out, [t.spans for t in tracks], all(t.spanned for t in tracks)
+
+
+def _match(sample, tracks: list, used: set) -> Optional[_Track]:
+    seq = list(sample.tokens or [])
+    text = (sample.prompt if isinstance(sample.prompt, str) else "") + (sample.response or "")
+
+    def fits(t):
+        return bool(seq and t.known and seq[:len(t.known)] == t.known or t.text and text.startswith(t.text))
+    return max((t for t in tracks if fits(t)), key=lambda t: (id(t) not in used, len(t.known)), default=None)
+
+
 class CustomSink(Sink):
     """The adapter's sink for groups the user's functions generated: the slime group is what they returned
     (nothing to fill in); a FAILED turn is the front's."""
@@ -225,13 +286,18 @@ class CustomSink(Sink):
 class Step:
     """The custom-generate path of one `generate_rollout` call: the adapter's seats, refill and partial rollout
     (`Sink`, `RolloutManager.rollout(run=...)`, `partial.recycle`), each group generated by the user's
-    functions, their requests answered by the front."""
+    functions, their requests answered by the front. `background`: the fully-async pool's (module doc)."""
 
-    def __init__(self, args, backend, tokenizer, pending: dict):
+    def __init__(self, args, backend, tokenizer, pending: dict, background: bool = False):
         self.args, self.backend, self.tokenizer, self.pending = args, backend, tokenizer, pending
         self.front = _front(backend, tokenizer)
         self.requests0 = self.front.requests
         self.running, self.saved = 0, None   # groups whose functions run now; slime's router address
+        self.background, self.turns = background, {}   # group id -> `versions` of what its functions returned
+        self.fn_args = None                  # background: the functions' copy of args, pointing at the front
+        if background:
+            self.fn_args = copy.copy(args)
+            self.fn_args.sglang_router_ip, self.fn_args.sglang_router_port = "127.0.0.1", self.front.port
 
     def sink(self, target: int) -> CustomSink:
         return CustomSink(self.args, self.pending, self.backend.layout, target)
@@ -248,18 +314,19 @@ class Step:
 
     def open(self, groups: list, slime_groups: list) -> None:
         for g, sg in zip(groups, slime_groups):
-            self.front.open_group(g.group_id, g.prompt_ids, sg[0].prompt)
+            self.front.open_group(g.group_id, g.prompt_ids, sg[0].prompt, resume=self.background)
 
     async def run(self, group) -> None:
         """The manager's `run`: the group's functions, cut short at its first FAILED turn; the manager samples
         then say where its turns ran and that it is done (or FAILED): when the batch is full meanwhile the
         manager carries it (its samples as the functions left them, aborted ones included)."""
-        if not self.running:   # slime's router address points at the front while functions run
+        if not self.running and self.fn_args is None:   # slime's router address points at the front meanwhile
             self.saved = (self.args.sglang_router_ip, self.args.sglang_router_port)
             self.args.sglang_router_ip, self.args.sglang_router_port = "127.0.0.1", self.front.port
         self.running += 1
         failed = self.front.watch(group.group_id)
-        work = asyncio.ensure_future(run_group(self.args, self.front, self.pending[group.group_id]))
+        held = {id(s): (s.response_length, list(s.weight_versions or [])) for s in self.pending[group.group_id]}
+        work = asyncio.ensure_future(run_group(self.fn_args or self.args, self.front, self.pending[group.group_id]))
         waiter = asyncio.ensure_future(failed.wait())
         try:
             await asyncio.wait([work, waiter], return_when=asyncio.FIRST_COMPLETED)
@@ -269,12 +336,14 @@ class Step:
                 work.cancel()
             await asyncio.gather(work, return_exceptions=True)
             self.running -= 1
-            if not self.running:
+            if not self.running and self.fn_args is None:
                 self.args.sglang_router_ip, self.args.sglang_router_port = self.saved
         bad = self.front.failures.pop(group.group_id, None)
         if bad is None:
             self.pending[group.group_id] = work.result()   # raises what the user's function raised
         tracks = self.front.close_group(group.group_id)
+        if self.background and bad is None:
+            self.turns[group.group_id] = versions(self.pending[group.group_id], tracks, len(group.prompt_ids), held)
         for i, ms in enumerate(group.samples):
             t = tracks[i] if i < len(tracks) else None
             ms.engines, ms.dp_rank = (list(t.engines), t.dp_rank) if t else ([], None)

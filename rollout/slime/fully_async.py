@@ -9,13 +9,17 @@ background, between the trainer's calls and across its weight updates. The pool 
 up while that many finished groups wait for the trainer. Each call returns `rollout_batch_size` finished groups
 (fewer only when the data source runs dry) as soon as they exist, sorted by index; the rest stay for the next
 call. Placement, exactly-once, slime's hooks, rewards, dynamic filter and FAILED handling are plugin mode's
-(`sink.Sink`).
+(`sink.Sink`). With `--custom-generate-function-path` each group runs the user's function per sample, as plugin
+mode does (`custom.Step`, in the background: `custom` module doc); a group it returns with an ABORTED sample is
+not delivered but run again as it is (slime's fully-async puts such groups back in its buffer).
 
 Every sample carries the weight version of every response token: slime's `Sample.weight_versions` as slime
 fills it (one per SGLang answer), and `metadata["weight_version_spans"]`, `[{"version", "start", "end"}, ...]`
 over the response (SGLang's own span format: an answer that spans a weight update says which tokens each
 version sampled; older releases answer one version per answer). Tokens a sample already held when it came from
-slime's buffer take its first `weight_versions` entry (unknown: the oldest).
+slime's buffer take its first `weight_versions` entry (unknown: the oldest). A custom function's sample: the
+spans of its turns' answers (a turn per span list; a tool's tokens between turns are in none), and one
+`weight_versions` entry per answer where the function added none.
 
 Staleness bound, `max_weight_version_lag` (`rollout.max_weight_version_lag` in $SLIME_MOE_ROLLOUT_CONFIG, or
 $SLIME_MOE_ROLLOUT_MAX_WEIGHT_VERSION_LAG; unset: no bound): a group whose oldest token was sampled by a version
@@ -36,12 +40,13 @@ import os
 from typing import Optional
 
 from rollout.errors import EngineError
-from rollout.slime import flags
-from rollout.slime.convert import refuse_multimodal
+from rollout.slime import custom, flags
+from rollout.slime.convert import flat, refuse_multimodal, version_spans
 from rollout.slime.partial import manager_group
 from rollout.slime.sink import Sink, on_one_rank
 from rollout.slime.state import STATE, ensure, loop, slime_helper
 from rollout.slime.types import RolloutFnTrainOutput
+from rollout.types import SampleStatus
 
 __all__ = ["generate_rollout_fully_async", "reset", "staleness", "version_spans"]
 
@@ -77,30 +82,6 @@ def staleness(args) -> tuple:
     return lag, policy
 
 
-def version_spans(ms, held_version=None) -> list:
-    """The weight version of every response token of manager sample `ms`, as SGLang's spans over the response:
-    held tokens (from slime's buffer) `held_version`, then each answer's spans (or its one version)."""
-    spans: list = []
-
-    def add(version, n):
-        if n <= 0:
-            return
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] += n
-        else:
-            start = spans[-1]["end"] if spans else 0
-            spans.append({"version": version, "start": start, "end": start + n})
-    add(held_version, len(ms.response_ids) - sum(n for n, _, _ in ms.outputs))
-    for n, _, meta in ms.outputs:
-        done = 0
-        for span in meta.get("weight_versions") or ():
-            k = min(int(span["end"]), n) - done
-            add(str(span["version"]), k)
-            done += max(0, k)
-        add(None if meta.get("weight_version") is None else str(meta["weight_version"]), n - done)
-    return spans
-
-
 class Versions:
     """Weight versions in update order: integers compare as such, others in the order first seen."""
 
@@ -129,10 +110,11 @@ class Versions:
 class Pool:
     """Groups in flight across slime's calls; finished ones wait in `ready` (slime groups, oldest first)."""
 
-    def __init__(self, args, backend, tokenizer, data_source):
+    def __init__(self, args, backend, tokenizer, data_source, step: Optional[custom.Step] = None):
         self.args, self.backend, self.tokenizer, self.data_source = args, backend, tokenizer, data_source
         self.lag, self.policy = staleness(args)
-        self.sink = Sink(args, STATE.pending, backend.layout, _NEVER)   # plugin mode's per-group steps
+        self.step = step           # the user's custom generate functions (`custom.Step`, background), or None
+        self.sink = step.sink(_NEVER) if step else Sink(args, STATE.pending, backend.layout, _NEVER)   # plugin mode's
         self.versions = Versions()
         self.fresh: dict = {}      # manager group id -> the slime group as the data source gave it
         self.flying: set = set()   # manager group ids started, not finished
@@ -146,7 +128,8 @@ class Pool:
         self.stale = {"regenerate": 0, "drop": 0}
         self.stale_tokens = 0      # response tokens of stale groups, thrown away
         self.one_rank = 0          # delivered groups whose every attempt ran on one (engine, DP rank)
-        self.reported = (dict(self.stale), 0, 0, 0)   # the counters at the previous call's metrics
+        self.aborted = 0           # custom groups returned with an ABORTED sample, run again
+        self.reported = self.counters()   # the counters at the previous call's metrics
         self.size, self.want = 1, 1
 
     def sized(self, want: int) -> None:
@@ -171,20 +154,24 @@ class Pool:
         return out
 
     def _admit(self, slime_groups: list, keep: bool = False) -> list:
-        refuse_multimodal(slime_groups)
+        if self.step is None:
+            refuse_multimodal(slime_groups)
         groups = []
         for sg in slime_groups:
-            g = manager_group(self.backend, sg, self.tokenizer)
+            g = self.step.group(sg) if self.step else manager_group(self.backend, sg, self.tokenizer)
             self.fresh[g.group_id] = copy.deepcopy(sg) if keep else sg.fresh
             STATE.pending[g.group_id] = sg
             self.flying.add(g.group_id)
             self.floor[g.group_id] = self.versions.current
             groups.append(g)
+        if self.step:
+            self.step.open(groups, slime_groups)
         return groups
 
     def launch(self, groups: list) -> None:
         if groups:
-            task = asyncio.ensure_future(self.backend.rollout(groups, self, batch_size=_NEVER, refill=self.top_up))
+            task = asyncio.ensure_future(self.backend.rollout(groups, self, batch_size=_NEVER, refill=self.top_up,
+                                                              run=self.step.run if self.step else None))
             self.tasks.add(task)
             task.add_done_callback(self._done)
 
@@ -199,25 +186,46 @@ class Pool:
         fill), so the manager asks `top_up` for the next group at once."""
         self.flying.discard(group.group_id)
         slime_group = STATE.pending[group.group_id]
-        spans = [version_spans(ms, (s.weight_versions or [None])[0]) for ms, s in zip(group.samples, slime_group)]
+        if self.step:   # the user's functions: the spans of their turns' answers, kept by the front
+            own, spans, spanned = self.step.turns.pop(group.group_id, ([], [], True))
+            spans = own + spans
+            for s, sp in zip(flat(slime_group), own):
+                s.metadata = dict(s.metadata or {}, **{SPANS: sp})
+        else:
+            own = spans = [version_spans(ms, (s.weight_versions or [None])[0])
+                           for ms, s in zip(group.samples, slime_group)]
+            spanned = all(m.get("weight_versions") for ms in group.samples for _, _, m in ms.outputs)
         for sp in spans:
             for s in sp:
                 self.versions.see(s["version"])
         floor = self.floor.pop(group.group_id, None)
-        if floor is not None and not all(m.get("weight_versions") for ms in group.samples for _, _, m in ms.outputs):
+        if floor is not None and not spanned:
             spans = spans + [[{"version": floor}]]   # an answer without spans (before 0.5.19): no older than that
-        if self._stale(group.group_id, spans, sum(len(ms.response_ids) for ms in group.samples)):
+        failed = any(ms.status is SampleStatus.FAILED for ms in group.samples)   # plugin mode's FAILED rule first
+        if not failed and (self._aborted(group.group_id, slime_group)
+                           or self._stale(group.group_id, spans, _tokens(group, slime_group, self.step))):
             STATE.pending.pop(group.group_id, None)
         else:
             fresh = self.fresh.pop(group.group_id)
             if await self.sink.put(group):   # filled, hooks, reward, dynamic filter: as plugin mode
                 self.sink.groups = [g for g in self.sink.groups if g is not slime_group]
-                for s, sp in zip(slime_group, spans):   # (the floor, when added, is last: not a sample's)
-                    s.metadata = dict(s.metadata or {}, **{SPANS: sp})
+                if self.step is None:
+                    for s, sp in zip(slime_group, own):
+                        s.metadata = dict(s.metadata or {}, **{SPANS: sp})
                 self.ready.append((list(slime_group), spans, fresh, on_one_rank(group.samples)))
         self.sink.all_groups.clear()   # slime's all-samples process is not run here (nor by slime's fully async)
         self.wake.set()
         return False
+
+    def _aborted(self, group_id, slime_group) -> bool:
+        """A custom group returned with an ABORTED sample is run again as it is, never delivered (slime's
+        fully-async looks at the group's samples, not into a function's `list[Sample]`)."""
+        if self.step is None or not any(not isinstance(s, list) and s.status == s.Status.ABORTED
+                                        for s in slime_group):
+            return False
+        self.aborted += 1
+        self.redo.append(_Fresh(self.fresh.pop(group_id), as_is=slime_group))
+        return True
 
     def _stale(self, group_id, spans, tokens: int) -> bool:
         """Stale groups are regenerated (from the prompt) or dropped, and counted; never delivered."""
@@ -243,7 +251,7 @@ class Pool:
                 slime_group, spans, fresh, one = self.ready.pop(0)
                 if self.lag is not None and self.versions.lag(spans) > self.lag:   # went stale while waiting
                     self.stale[self.policy] += 1
-                    self.stale_tokens += sum(s.response_length for s in slime_group)
+                    self.stale_tokens += sum(s.response_length for s in flat(slime_group))
                     if self.policy == "regenerate":
                         self.redo.append(_Fresh(fresh))
                     continue
@@ -272,11 +280,24 @@ class Pool:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-class _Fresh(list):
-    """A slime group to start again from its prompt (its first copy kept as `fresh`)."""
+    def counters(self) -> dict:
+        return {"stale": dict(self.stale), "one_rank": self.one_rank, "failed": self.sink.failed_groups,
+                "stale_tokens": self.stale_tokens, "aborted": self.aborted,
+                "requests": self.step.front.requests if self.step else 0}
 
-    def __init__(self, group):
-        super().__init__(copy.deepcopy(group))
+
+def _tokens(group, slime_group, step) -> int:
+    """The group's response tokens (a custom function's: as it returned them)."""
+    if step is None:
+        return sum(len(ms.response_ids) for ms in group.samples)
+    return sum(s.response_length for s in flat(slime_group))
+
+
+class _Fresh(list):
+    """A slime group to start again from its prompt (its first copy kept as `fresh`), or `as_is`."""
+
+    def __init__(self, group, as_is=None):
+        super().__init__(copy.deepcopy(group) if as_is is None else as_is)
         self.fresh = group
 
 
@@ -287,9 +308,6 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
     if evaluation:
         return slime_helper("eval", "evaluation=True (slime's eval rollout)")(args, rollout_id, data_source,
                                                                        evaluation=True)
-    if getattr(args, "custom_generate_function_path", None) not in (None, "rollout.slime.generate"):
-        raise ValueError("rollout.slime.generate_rollout_fully_async runs groups through the manager only: "
-                         "--custom-generate-function-path is not supported here; use rollout.slime.generate_rollout")
     backend, tokenizer = ensure(args)
     n, want = int(args.n_samples_per_prompt), int(args.rollout_batch_size)
     if backend.n_samples != n:
@@ -297,7 +315,8 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
     if _POOL is None or _POOL.backend is not backend or _POOL.data_source is not data_source:
         if _POOL is not None:
             loop().run(_POOL.stop())
-        _POOL = loop().run(_new_pool(args, backend, tokenizer, data_source))
+        step = custom.Step(args, backend, tokenizer, STATE.pending, background=True) if custom.active(args) else None
+        _POOL = loop().run(_new_pool(args, backend, tokenizer, data_source, step))
     pool = _POOL
     data, metrics = loop().run(_take(pool, want))
     if pool.versions.current is not None:
@@ -305,29 +324,32 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
     return RolloutFnTrainOutput(samples=data, metrics=metrics)
 
 
-async def _new_pool(args, backend, tokenizer, data_source) -> Pool:
-    return Pool(args, backend, tokenizer, data_source)   # its Event belongs to the adapter's loop
+async def _new_pool(args, backend, tokenizer, data_source, step) -> Pool:
+    return Pool(args, backend, tokenizer, data_source, step)   # its Event belongs to the adapter's loop
 
 
 async def _take(pool: Pool, want: int) -> tuple:
     """The call's groups (sorted by index) and metrics, on the pool's loop."""
     await pool.backend.relist(max_age_s=5.0)   # the workers slime's router lists now
     taken = await pool.take(want)
-    data = sorted((g for g, _ in taken), key=lambda g: g[0].index if g[0].index is not None else 0)
-    before, pool.reported = pool.reported, (dict(pool.stale), pool.one_rank, pool.sink.failed_groups,
-                                            pool.stale_tokens)
+    data = sorted((g for g, _ in taken), key=lambda g: flat(g)[0].index or 0)
+    before, pool.reported = pool.reported, pool.counters()
+    now = pool.reported
     metrics = dict(pool.sink.filter.metrics())   # counts since the previous call (the pool runs in between)
     metrics.update({
         "rollout/groups": len(data), "rollout/pool_groups": pool.size, "rollout/in_flight_groups": len(pool.flying),
         "rollout/ready_groups": len(pool.ready),
-        "rollout/stale_groups": sum(pool.stale.values()) - sum(before[0].values()),
-        "rollout/stale_regenerated": pool.stale["regenerate"] - before[0]["regenerate"],
-        "rollout/stale_dropped": pool.stale["drop"] - before[0]["drop"],
-        "rollout/stale_tokens": pool.stale_tokens - before[3],
+        "rollout/stale_groups": sum(now["stale"].values()) - sum(before["stale"].values()),
+        "rollout/stale_regenerated": now["stale"]["regenerate"] - before["stale"]["regenerate"],
+        "rollout/stale_dropped": now["stale"]["drop"] - before["stale"]["drop"],
+        "rollout/stale_tokens": now["stale_tokens"] - before["stale_tokens"],
         "rollout/max_weight_version_lag": pool.lag, "rollout/weight_version": pool.versions.current,
         "rollout/delivered_lag_max": max((pool.versions.lag(spans) for _, spans in taken), default=0.0),
-        "rollout/groups_on_one_rank": pool.one_rank - before[1],
-        "rollout/failed_groups": pool.sink.failed_groups - before[2]})
+        "rollout/groups_on_one_rank": now["one_rank"] - before["one_rank"],
+        "rollout/failed_groups": now["failed"] - before["failed"]})
+    if pool.step:
+        metrics["rollout/custom_generate_requests"] = now["requests"] - before["requests"]
+        metrics["rollout/aborted_groups_rerun"] = now["aborted"] - before["aborted"]
     return data, metrics
 
 

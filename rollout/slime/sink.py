@@ -142,7 +142,7 @@ class Sink:
             self.failed_groups += 1
             self.started -= 1
             return False
-        slime_group = await finish_group(self.args, slime_group)
+        slime_group[:] = await finish_group(self.args, slime_group)   # the same list: the caller's too
         self.all_groups.append(slime_group)
         if self.filter.drop(self.args, slime_group, self.started, self.target):
             self.started -= 1
