@@ -278,12 +278,15 @@ def test_two_engines_kill9_resends_to_the_healthy_one(tmp_path):
 
 def _dp_rank_scheduler(engine, rank: int):
     """The scheduler process of DP rank `rank` among `engine`'s processes (SGLang names them
-    `sglang::scheduler_DP<rank>_TP<tp>...` under DP attention)."""
+    `sglang::scheduler_DP<rank>_TP<tp>...` under DP attention, `sglang::scheduler_DP<rank>` for a plain
+    replica of tp 1)."""
+    import re
+
     import psutil
 
     procs = psutil.Process(engine.pid).children(recursive=True)
     names = [p.name() for p in procs]
-    hits = [p for p in procs if f"scheduler_DP{rank}_" in p.name()]
+    hits = [p for p in procs if re.search(rf"scheduler_DP{rank}(_|$)", p.name())]
     assert len(hits) == 1, f"no single DP{rank} scheduler among {names}"
     return hits[0]
 
