@@ -7,6 +7,7 @@ The router and workers are test_slime_adapter's STAND-INs (aiohttp servers answe
 (JSON body in, parsed JSON answer out, raise on an HTTP error).
 """
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,14 +18,29 @@ from rollout.slime import Sample
 pytestmark = pytest.mark.timeout(60)
 
 try:
-    from slime.utils.http_utils import post
+    from slime.utils.http_utils import init_http_client, post
 except ImportError:
+    init_http_client = None
+
     async def post(url, payload, max_retries=60, headers=None):   # STAND-IN for slime.utils.http_utils.post
         import aiohttp
         async with aiohttp.ClientSession() as session:
             async with session.post(url, json=payload, headers=headers) as r:
                 r.raise_for_status()
                 return await r.json(content_type=None)
+
+
+def slime_client() -> None:
+    """slime's `post` sends with slime's HTTP client, which slime's RolloutManager starts (`init_http_client`)."""
+    if init_http_client is not None:
+        init_http_client(SimpleNamespace(rollout_num_gpus=1, rollout_num_gpus_per_engine=1,
+                                         sglang_server_concurrency=64, use_distributed_post=False))
+
+
+@pytest.fixture(autouse=True)
+def _slime_client():
+    slime_client()
+
 
 OBSERVATION = [77, 78]   # the tool's answer, appended between the turns
 CALLS = []

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from support import slime_standin  # noqa: F401 - slime's types under slime's names where slime is missing
 from test_slime_adapter import HANG, StandInDataSource, StandInRouter, length_reward  # noqa: F401
-from test_slime_custom_generate import BAD, OBSERVATION, RefusingWorker, one_turn, post  # noqa: F401
+from test_slime_custom_generate import BAD, OBSERVATION, RefusingWorker, one_turn, post, slime_client  # noqa: F401
 from test_slime_fully_async import HOLD, VersionedWorker, _args
 
 from rollout.slime import Sample, fully_async
@@ -98,8 +98,13 @@ def _start(port, prompts, **kw):
     fully_async.STATE.tokenizer = None   # prompts arrive as tokens
     RESUME.clear()
     WAITING.clear()
-    args = _args(port, **dict({"custom_generate_function_path": f"{__name__}.two_turns"}, **kw))
-    return args, StandInDataSource(prompts, 2)
+    return _fa_args(port, **dict({"custom_generate_function_path": f"{__name__}.two_turns"}, **kw)), \
+        StandInDataSource(prompts, 2)
+
+
+def _fa_args(port, **kw):
+    slime_client()
+    return _args(port, **kw)
 
 
 NORMAL = [[2 * i + 1, 2 * i + 2] for i in range(1, 6)]
@@ -185,7 +190,7 @@ def refusing():
 def test_custom_failed_turn_raises_plugin_modes_one_line(refusing):
     fully_async.reset()
     fully_async.STATE.tokenizer = None
-    args = _args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn", rollout_batch_size=1)
+    args = _fa_args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn", rollout_batch_size=1)
     with pytest.raises(RuntimeError) as e:
         generate_rollout_fully_async(args, 0, StandInDataSource([[BAD, 1]], 2))
     line = str(e.value)
@@ -197,7 +202,7 @@ def test_custom_failed_group_dropped_counted_and_the_rest_delivered(refusing, mo
     monkeypatch.setenv("SLIME_MOE_ROLLOUT_DROP_FAILED", "1")
     fully_async.reset()
     fully_async.STATE.tokenizer = None
-    args = _args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn")
+    args = _fa_args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn")
     out = generate_rollout_fully_async(args, 0, StandInDataSource([[BAD, 1], [1, 2], [3, 4]], 2))
     assert sorted(g[0].tokens[0] for g in out.samples) == [1, 3] and out.metrics["rollout/failed_groups"] == 1
 
@@ -214,7 +219,7 @@ def test_a_turn_an_engine_aborts_is_continued_not_handed_to_the_function_as_abor
     answer of its whole budget, and the group is delivered once, never ABORTED."""
     fully_async.reset()
     fully_async.STATE.tokenizer = None
-    args = _args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn", rollout_batch_size=1)
+    args = _fa_args(refusing.port, custom_generate_function_path=f"{__name__}.one_turn", rollout_batch_size=1)
     src = StandInDataSource([[HANG, 3], [1, 2], [4, 5]], 2)
     outs = [generate_rollout_fully_async(args, 0, src)]
     _wait(lambda: any(b["input_ids"] == [HANG, 3] for b in refusing.worker.requests), "the HANG request")
@@ -245,7 +250,7 @@ def test_a_group_the_function_returns_aborted_is_run_again_not_delivered(refusin
     fully_async.reset()
     fully_async.STATE.tokenizer = None
     GAVE_UP.clear()
-    args = _args(refusing.port, custom_generate_function_path=f"{__name__}.aborts_once", rollout_batch_size=2)
+    args = _fa_args(refusing.port, custom_generate_function_path=f"{__name__}.aborts_once", rollout_batch_size=2)
     out = generate_rollout_fully_async(args, 0, StandInDataSource([[1, 2], [3, 4]], 2))
     assert len(out.samples) == 2 and out.metrics["rollout/aborted_groups_rerun"] == 2
     assert all(s.status.name == "TRUNCATED" and s.response_length == 4 for g in out.samples for s in g)

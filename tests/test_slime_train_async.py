@@ -65,10 +65,12 @@ class StandInRolloutManager:
 
     def __init__(self, args):
         from test_slime_adapter import StandInDataSource
+        from slime.utils.http_utils import init_http_client
         from slime.utils.misc import load_function
 
         from rollout.slime import set_tokenizer
         set_tokenizer(None)   # prompts arrive as tokens
+        init_http_client(args)   # as slime's RolloutManager does: slime's `post` (custom generate functions) uses it
         self.args = args
         self.data_source = StandInDataSource(PROMPTS, args.n_samples_per_prompt)
         self.generate_rollout = load_function(args.rollout_function_path)
@@ -81,7 +83,7 @@ class StandInRolloutManager:
             serving = json.load(r)["weight_version"]
         out = call_rollout_fn(self.generate_rollout, self.args, rollout_id, self.data_source, evaluation=False)
         validate_rollout_id_annotated(out.samples)
-        groups = [{"index": g[0].index, "tokens": g[0].tokens[:2],
+        groups = [{"index": g[0].index, "tokens": g[0].tokens[:2], "spans": g[0].metadata["weight_version_spans"],
                    "versions": [s["version"] for x in g for s in x.metadata["weight_version_spans"]]}
                   for g in out.samples]
         data = list(itertools.chain.from_iterable(out.samples))
@@ -124,7 +126,7 @@ def _args(router_port, worker_url, **kw):
                 rollout_num_gpus_per_engine=1, use_rollout_routing_replay=False, rollout_temperature=1.0,
                 rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=4, hf_checkpoint=None,
                 custom_rm_path="test_slime_adapter.length_reward", partial_rollout=False,
-                rollout_function_path="rollout.slime.generate_rollout_fully_async",
+                rollout_function_path="rollout.slime.generate_rollout_fully_async", use_distributed_post=False,
                 # train_async.train's own flags
                 colocate=False, release_train=False, start_rollout_id=0, num_rollout=NUM_ROLLOUT,
                 check_weight_update_equal=False, use_critic=False, num_critic_only_steps=0, save_interval=None,
@@ -193,6 +195,24 @@ def test_train_async_delivers_every_group_once_and_bounds_staleness(monkeypatch,
     assert sum(out["metrics"]["rollout/stale_groups"] for _, out in actor.steps) >= 1
     tail = [g for _, out in actor.steps for g in out["groups"] if g["tokens"][0] == 99]
     assert all(set(g["versions"]) == {g["versions"][-1]} for g in tail)   # regenerated: one version
+
+
+def test_train_async_with_a_custom_generate_function(monkeypatch, stand):
+    """The same loop with a two-turn `--custom-generate-function-path` (tests/test_slime_fully_async_custom.py's,
+    posting with slime's own `post`): every group once, the long tail (its first turns held across two
+    updates) regenerated, not delivered stale; each sample's spans cover its two turns, not the tool's tokens."""
+    actor, _ = _train_async(monkeypatch, stand, max_weight_version_lag=1,
+                            custom_generate_function_path="test_slime_fully_async_custom.two_turns")
+    assert [rid for rid, _ in actor.steps] == list(range(NUM_ROLLOUT))
+    delivered = [g["index"] for _, out in actor.steps for g in out["groups"]]
+    assert len(delivered) == len(set(delivered)) == 2 * NUM_ROLLOUT
+    assert all(out["samples"] == 4 for _, out in actor.steps)
+    assert _stale(actor.steps, 1) == []
+    assert sum(out["metrics"]["rollout/stale_regenerated"] for _, out in actor.steps) >= 1
+    assert sum(out["metrics"]["rollout/custom_generate_requests"] for _, out in actor.steps) >= 2 * 2 * 2 * NUM_ROLLOUT
+    for _, out in actor.steps:
+        for g in out["groups"]:
+            assert [(s["start"], s["end"]) for s in g["spans"]] == [(0, 2), (4, 6)], g
 
 
 def test_train_async_without_the_bound_delivers_the_stale_group(monkeypatch, stand):
