@@ -1,8 +1,9 @@
 """slime's fully-async rollout (`rollout.slime.generate_rollout_fully_async`) with `--custom-generate-function-path`:
 each group of the pool runs the user's function per sample, as plugin mode does, between and across slime's calls.
 
-The router and the versioned workers are STAND-INs (tests/test_slime_adapter.py's router, tests/test_slime_fully_async.py's
-worker answering SGLang 0.5.23's weight versions, tests/test_slime_custom_generate.py's refusing and aborting worker);
+The router and the workers are STAND-INs (tests/test_slime_adapter.py's router, tests/test_slime_fully_async.py's
+versioned worker answering SGLang 0.5.23's weight versions, tests/test_slime_custom_generate.py's refusing and
+aborting worker);
 `post` is slime's where slime is importable, else test_slime_custom_generate's STAND-IN with its contract.
 """
 import asyncio
@@ -278,5 +279,6 @@ def test_a_functions_list_of_samples_is_kept_and_each_entry_carries_its_versions
         for entry in g:
             assert len(entry) == 2
             for s in entry:
-                assert s.metadata[SPANS] == [{"version": "1", "start": 0, "end": 2}, {"version": "1", "start": 4, "end": 6}]
+                assert s.metadata[SPANS] == [{"version": "1", "start": 0, "end": 2},
+                                             {"version": "1", "start": 4, "end": 6}]
                 assert s.weight_versions == ["1", "1"] and s.reward == 6.0

@@ -15,9 +15,10 @@ so each turn's prefix is in its cache; lost engines and re-sends are the dispatc
 turn). The user's function merges the turns itself, as under slime (`Sample.append_response_tokens`).
 
 The fully-async pool (`Step(..., background=True)`) runs the functions between slime's calls: they get a copy
-of slime's args pointing at the front (slime's own keep its router, for its eval meanwhile), a turn an engine
-aborted (a weight update's pause) is continued from its tokens, as the manager continues its own samples, and
-`versions` says which weight version sampled which tokens of each returned sample, from every turn's answers.
+of slime's args, taken when the pool starts, pointing at the front (slime's own keep its router, for its eval
+meanwhile), a turn an engine aborted (a weight update's pause) is continued from its tokens, as the manager
+continues its own samples, and `versions` says which weight version sampled which tokens of each returned
+sample, from every turn's answers.
 """
 from __future__ import annotations
 
