@@ -27,8 +27,8 @@ Arms, on the same stand-ins, alternated, fresh caches, each warmed up first (16 
 Printed and judged (means over rounds): prefilled prompt tokens / prompt tokens (primers included; the
 shared prefix cached makes it < 1), placement / today and / slime; rank imbalance (max / mean busy time
 per rank); rollout tokens/s, placement / today and / slime; client CPU per request (process CPU /
-samples), placement / today. bench-quick runs 64 groups with `--short 8`: 4 groups per rank, all placed
-at once, so its rank imbalance is that of 4 whole groups per rank (see docs/manager.md).
+samples), placement / today. bench-quick runs one engine of the 4 ranks (`--engine-count 1`), 128 groups
+with `--short 8`: 32 groups per rank, 8 in flight per rank, as at full size, so the same targets hold.
 """
 import argparse
 import asyncio
@@ -256,7 +256,7 @@ def scale(args) -> None:
 
     tail = recorded_tail()
     fact(BENCH, f"stand-in: a cached prompt re-prefills {tail} token(s), as recorded from SGLang 0.5.23 (NEXTN)")
-    engines_n, dp = 4, 4
+    engines_n, dp = args.engine_count, args.dp
     ports = [free_port() for _ in range(engines_n)]
     cpus = sorted(os.sched_getaffinity(0))
     ready = mp.Event()
@@ -320,6 +320,8 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=512)
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=512, help="per engine (the seed config's)")
+    ap.add_argument("--engine-count", type=int, default=4, help="stand-in engines of the scale run")
+    ap.add_argument("--dp", type=int, default=4, help="DP ranks per stand-in engine (the seed's dp 4)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--short", type=int, default=16, help="the short response budget (the long tail: 8-16x)")
     ap.add_argument("--step-s", type=float, default=0.03, help="stand-in time of one scheduler step")
