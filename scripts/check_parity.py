@@ -37,7 +37,8 @@ EXPLAINED = {
                          "it, so the cached-token counts differ",
     "metrics": "plugin mode adds its own rollout/* metrics beside slime's",
     "cut": "where a straggler is cut is timing (under slime too): each side's continued samples hold loss mask 0 "
-           "on exactly the tokens it held when cut (partial rollout invariants, checked)",
+           "on exactly the tokens it held when cut, start_rollout_id when it held any (partial rollout invariants, "
+           "checked), and one weight version per SGLang answer (the same versions, as many as segments)",
 }
 
 
@@ -104,11 +105,26 @@ def compare_samples(a, b, asked_experts: bool) -> list:
     return out
 
 
+def _cut_only(field, a, b) -> bool:
+    """A continued sample's `field` differs only where the cut fell: the loss mask; the weight versions (one per
+    answer: the same versions, a different count); the metadata but for start_rollout_id."""
+    if field == "loss_mask":
+        return True
+    if field == "weight_versions":
+        va, vb = a.weight_versions or [], b.weight_versions or []
+        return bool(va) and bool(vb) and set(va) == set(vb)
+    if field == "metadata":
+        strip = lambda s: {k: v for k, v in _value(s, "metadata").items() if k != "start_rollout_id"}  # noqa: E731
+        return strip(a) == strip(b)
+    return False
+
+
 def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bool, cut=()) -> list:
     """[(verdict, field, detail)] for two RolloutFnTrainOutputs. `same_groups`: slime's semantics fix which groups
     fill the batch (else only the samples both returned are compared, and the group counts). `cut`: indices of
     samples continued from slime's buffer on either side: their loss masks hold zeros on the tokens each side
-    held when its straggler was cut (timing, checked by `partial_invariants`), not compared with each other."""
+    held when its straggler was cut (timing, checked by `partial_invariants`), their weight versions count the
+    answers and start_rollout_id says whether they held tokens (`_cut_only`), not compared with each other."""
     out = []
     ga, gb = slime_out.samples, ours_out.samples
     if len(ga) != len(gb):
@@ -122,7 +138,7 @@ def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bo
         out.append(("DIFF", "indices", f"no sample index returned by both: slime {sorted(sa)} ours {sorted(sb)}"))
     for i in both:
         for v, f, d in compare_samples(sa[i], sb[i], asked_experts):
-            if f == "loss_mask" and v == "DIFF" and i in cut:
+            if v == "DIFF" and i in cut and _cut_only(f, sa[i], sb[i]):
                 v, d = "explained", "cut"
             out.append((v, f, f"index {i}: {d}" if v == "DIFF" else d))
     ka, kb = set(slime_out.metrics or {}), set(ours_out.metrics or {})

@@ -129,3 +129,19 @@ def test_a_stragglers_cut_point_is_timing_only_for_samples_continued_from_the_bu
                            for ln in lines), lines
     lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, cut={5}))
     assert bad and any(ln.startswith("[DIFF] s: loss_mask: index 4") for ln in lines)
+
+
+def test_a_cut_changes_weight_version_count_and_start_rollout_id_only_for_continued_samples():
+    """Seen on real engines: slime held index 4 whole (one answer), ours cut it (two answers); slime held index 6
+    with tokens (start_rollout_id set), ours without. Other versions or other metadata stay a DIFF."""
+    a = output([[sample(4, weight_versions=["default"]), sample(6, metadata={"start_rollout_id": 0})]])
+    b = output([[sample(4, weight_versions=["default", "default"]), sample(6, metadata={})]])
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, cut={4, 6}))
+    assert not bad and any(ln.startswith("[explained] s: weight_versions: where a straggler is cut") for ln in lines)
+    assert any(ln.startswith("[explained] s: metadata: where a straggler is cut") for ln in lines), lines
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, cut=set()))
+    assert bad and any(ln.startswith("[DIFF] s: weight_versions: index 4") for ln in lines)
+    c = output([[sample(4, weight_versions=["default", "2"]), sample(6, metadata={"x": 1})]])
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, c, asked_experts=False, same_groups=False, cut={4, 6}))
+    assert any(ln.startswith("[DIFF] s: weight_versions: index 4") for ln in lines)
+    assert any(ln.startswith("[DIFF] s: metadata: index 6") for ln in lines), lines
