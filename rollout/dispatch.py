@@ -27,6 +27,7 @@ import itertools
 import time
 from typing import Optional
 
+from rollout import versions
 from rollout.engines.answer import Answer, BadAnswer, parse
 from rollout.engines.client import EngineClient
 from rollout.engines.readiness import dp_ranks as dp_ranks_of
@@ -363,8 +364,7 @@ class Dispatcher:
         start_len = continuation_start(sample.routed_experts, len(sample.tokens))
         sample.response_ids = list(sample.response_ids) + out.token_ids
         sample.logprobs = list(sample.logprobs) + out.logprobs
-        if out.weight_version is not None:
-            sample.weight_versions.append(out.weight_version)
+        versions.note(sample, len(out.token_ids), out.meta)
         sample.status = FINISH_STATUS.get(out.finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:

@@ -36,6 +36,7 @@ from rollout.errors import EnginesLost, WeightVersionError
 from rollout.placement import Placement
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, Event, Group, Sample, SampleStatus, group_id
+from rollout.versions import version_spans
 
 __all__ = ["EnginesLost", "Event", "RolloutManager", "RolloutOptions", "RolloutResult", "WeightVersionError",
            "engine_source", "group_record"]
@@ -175,6 +176,22 @@ class RolloutManager:
         """Call after every weight update: restarted engines must then report this version."""
         self.source.weight_version = str(version)
 
+    async def update_weights_from_disk(self, model_path: str, version: str) -> list:
+        """Load `model_path` into every admitted engine at once, their requests kept in flight
+        (`EngineClient.update_weights`: retract-mode pause, flush, load, `version` published without aborting,
+        continue), then expect `version` of restarted engines. Returns the engines' names; the first error
+        is raised once every engine's update has ended (each is resumed whatever happened)."""
+        engines = [slot.engine for slot in list(self.dispatcher.slots.values())]
+
+        async def one(e):
+            await self.client.update_weights(e, lambda: self.client.update_weights_from_disk(e, model_path, version),
+                                             version, path="disk")
+        errors = [r for r in await asyncio.gather(*(one(e) for e in engines), return_exceptions=True) if r]
+        if errors:
+            raise errors[0]
+        self.set_weight_version(version)
+        return [e.name for e in engines]
+
     # ------------------------------------------------------------------ rollout
     def new_group(self, prompt_ids, index: Optional[int] = None) -> Group:
         """A fresh group; `index` (e.g. the prompt's index, for `run --resume`) fixes its id."""
@@ -311,7 +328,8 @@ class RolloutManager:
 
 
 def group_record(group: Group) -> dict:
-    """One JSONL line for a finished group: tokens, rewards, routed-expert shape + checksum, engines, timings."""
+    """One JSONL line for a finished group: tokens, rewards, routed-expert shape + checksum, engines, the weight
+    version of every token (`weight_version_spans`, rollout/versions.py), timings."""
     samples = []
     for s in group.samples:
         re = s.routed_experts
@@ -324,7 +342,7 @@ def group_record(group: Group) -> dict:
                 "sha256": hashlib.sha256(re.tobytes()).hexdigest()[:16]},
             "engine": s.engine, "dp_rank": s.dp_rank, "engines": s.engines,
             "attempts": s.attempts, "resumes": s.resumes,
-            "weight_versions": sorted(set(s.weight_versions)),
+            "weight_versions": sorted(set(s.weight_versions)), "weight_version_spans": version_spans(s),
             "latency_s": round(s.t_done - s.t_submit, 4),
         })
     return {"group_id": group.group_id, "prompt_ids": group.prompt_ids, "samples": samples}

@@ -41,7 +41,7 @@ class Window:
         self._keys.pop(key, None)
 
 
-class _Once:
+class Once:
     """Exactly-once gate: a group passes only if neither its id nor any of its sample ids passed before."""
 
     def __init__(self, remember: int = 100_000):
@@ -66,7 +66,7 @@ class _Once:
             self.samples.discard(s.sample_id)
 
 
-class GroupStream(_Once):
+class GroupStream(Once):
     def __init__(self, maxsize: int = 64, remember: int = 100_000):
         super().__init__(remember)
         self._q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
@@ -127,7 +127,7 @@ async def pump(produce, stream: GroupStream, consume):
     return producer.result()                 # raises the producer's error
 
 
-class RayGroupQueue(_Once):
+class RayGroupQueue(Once):
     """Producer side of a bounded Ray queue actor; `encode` turns a group into what is sent
     (e.g. `rollout.manager.group_record`)."""
 

@@ -69,6 +69,7 @@ class Sample:
     resumes: int = 0               # partial-rollout continuations
     max_new_tokens: Optional[int] = None   # per-sample override of sampling.max_new_tokens
     weight_versions: list = field(default_factory=list)
+    weight_version_spans: list = field(default_factory=list)   # rollout.versions: the version of each token
     sent_version: Optional[str] = None   # the engine's weight version last reported when the attempt was sent
     outputs: list = field(default_factory=list)   # (tokens, text, meta_info) of every answer, when kept
     t_submit: float = 0.0

@@ -19,6 +19,7 @@ from support import slime_standin  # noqa: F401 - slime's types under slime's na
 from support.fake_sglang import FakeSGLang, answer
 from test_slime_adapter import StandInDataSource, StandInRouter, length_reward  # noqa: F401
 
+from rollout import versions
 from rollout.slime import fully_async
 from rollout.slime.fully_async import SPANS, generate_rollout_fully_async, staleness, version_spans
 from rollout.types import Sample as ManagerSample
@@ -222,7 +223,8 @@ def test_version_spans_follow_sglangs_own_spans():
     meta = {}
     wv.add_weight_versions_to_meta_info(meta, wv.compute_weight_version_spans(events, "4", 5), 5)
     ms = ManagerSample("g/0", "g", 0, [1, 2], response_ids=[9, 9, 9] + [5] * 5 + [6] * 2)
-    ms.outputs = [(5, "", meta), (2, "", {"weight_version": "5"})]
+    for n, answer_meta in ((5, meta), (2, {"weight_version": "5"})):   # as the dispatcher notes each answer
+        versions.note(ms, n, answer_meta)
     assert version_spans(ms, "2") == [{"version": "2", "start": 0, "end": 3}, {"version": "3", "start": 3, "end": 5},
                                       {"version": "4", "start": 5, "end": 8}, {"version": "5", "start": 8, "end": 10}]
 

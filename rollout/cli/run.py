@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                    help="JSON object passed to apply_chat_template")
     p.add_argument("--base-port", type=port, default=None,
                    help="override rollout.base_port (engine i listens on base_port + 10*i)")
+    p.add_argument("--weight-update", metavar="AFTER:CHECKPOINT", type=_weight_update, action="append", default=[],
+                   help="once AFTER groups are written in this run, every engine loads CHECKPOINT (a directory) as "
+                        "weight version 1, 2, ... in flag order; the groups in flight keep their tokens (repeatable)")
     p.set_defaults(func=main)
 
 
@@ -69,6 +72,15 @@ def _fraction(text: str) -> float:
     if not 0.0 <= x <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {x:g}")
     return x
+
+
+def _weight_update(text: str) -> tuple:
+    after, sep, path = text.partition(":")
+    if not sep or not after.isdigit() or int(after) < 1 or not path:
+        raise argparse.ArgumentTypeError(f"expected AFTER:CHECKPOINT (AFTER a positive group count), got {text!r}")
+    if not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r} is not a directory (a checkpoint the engines load from disk)")
+    return int(after), os.path.abspath(path)
 
 
 def _json_object(text: str) -> dict:
@@ -89,6 +101,15 @@ def _vocab(cfg, model_path: str) -> int:
             return int(json.load(fh)["vocab_size"])
     except (OSError, KeyError, ValueError):
         return 1000
+
+
+def prompt_ids(cfg, model_path: str, dataset, n: int, seed: int, run_id: str) -> tuple:
+    """The token ids of the run's prompts (the dataset's rows, else `n` synthetic ones) and, per group id,
+    the row's label and metadata (written with the group)."""
+    from rollout.types import group_id
+
+    ids = [p.ids for p in dataset] if dataset else prompts_for(_vocab(cfg, model_path), n, seed)
+    return ids, {group_id(run_id, i): {"label": p.label, "metadata": p.metadata} for i, p in enumerate(dataset or ())}
 
 
 def main(args) -> int:
@@ -115,10 +136,16 @@ def main(args) -> int:
         meta = {"run_id": uuid.uuid4().hex[:10], "config": os.path.abspath(args.config),
                 "seed": args.seed if args.seed is not None else 0, "prompts": source,
                 "num_groups": args.num_groups or (len(dataset) if dataset else cfg.rollout.batch_size)}
+        _updates_happen(args, meta["num_groups"])
         log, done = group_log.start(args.output, meta, overwrite=args.overwrite), set()
     else:
         log, resumed = group_log.resume(args.output)
         done = resumed.done
+        try:
+            _updates_happen(args, meta["num_groups"] - len(done))
+        except CliError:
+            log.close()
+            raise
         if resumed.torn_bytes:
             print(f"note: cut a torn last line ({resumed.torn_bytes} bytes) left by the killed run; "
                   f"its group runs again", file=sys.stderr)
@@ -131,6 +158,16 @@ def main(args) -> int:
         return asyncio.run(_run(cfg, model_path, meta, done, log, args, dataset))
     finally:
         log.close()
+
+
+def _updates_happen(args, to_write: int) -> None:
+    """Each --weight-update comes before the run's last group (else it would never happen)."""
+    from rollout.errors import CliError
+
+    late = [a for a, _ in args.weight_update if a >= to_write]
+    if late:
+        raise CliError(f"--weight-update {late[0]}:...: after {late[0]} group(s), but this run writes {to_write}; "
+                       f"the update would never happen")
 
 
 def _resumed_run(args) -> dict:
@@ -155,7 +192,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     from rollout.cli.console import progress_bar, say, start_failure, stderr_console
     from rollout.engines.base import EngineStartError, open_backend
     from rollout.engines.readiness import ReadinessError, RichView
-    from rollout.errors import EnginesLost
+    from rollout.errors import EnginesLost, one_line
     from rollout.group_log import WriteError
     from rollout.manager import RolloutManager, group_record
     from rollout.stream import GroupStream, pump
@@ -164,8 +201,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     console = stderr_console()
     progress = progress_bar(console)
     n, run_id = meta["num_groups"], meta["run_id"]
-    prompts = [p.ids for p in dataset] if dataset else prompts_for(_vocab(cfg, model_path), n, meta["seed"])
-    extra = {group_id(run_id, i): {"label": p.label, "metadata": p.metadata} for i, p in enumerate(dataset or ())}
+    prompts, extra = prompt_ids(cfg, model_path, dataset, n, meta["seed"], run_id)
     backend = open_backend(args.backend, args.log_dir or os.path.abspath(args.output) + ".logs")
     mgr = RolloutManager.from_config(cfg, backend, model_path, view=RichView(progress), run_id=run_id)
     todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
@@ -178,10 +214,21 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     resume_hint = f"continue with: slime-moe-rollout run --resume {args.output}"
     ended = None   # (line, exit status) of a run that stopped early
 
+    updates = sorted(args.weight_update)
+
     async def write(group):  # the trainer side: one fsync'd line per group, as it finishes
         await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
         tally.add(group)
         progress.advance(bar)
+        while updates and log.lines >= updates[0][0]:   # the groups in flight wait, paused, then resume
+            after, path = updates.pop(0)
+            version, t = str(len(tally.updates) + 1), time.monotonic()
+            try:
+                await mgr.update_weights_from_disk(path, version)
+            except Exception as e:
+                raise WeightUpdateFailed(f"weight update {version} ({path}, after {after} groups) failed: "
+                                         f"{one_line(e)}") from None
+            tally.updates.append((after, version, time.monotonic() - t))
 
     with progress:
         try:
@@ -195,7 +242,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
             result = await pump(mgr.rollout(todo, stream, batch_size=len(todo)), stream, write)
         except EnginesLost as e:
             lost = e
-        except WriteError as e:
+        except (WriteError, WeightUpdateFailed) as e:
             ended = f"error: {e}; once that is fixed, {resume_hint}", 1
         except asyncio.CancelledError:
             if not stopped:
@@ -227,6 +274,10 @@ def _stop_on_signals(task) -> list:
     return got
 
 
+class WeightUpdateFailed(RuntimeError):
+    """A --weight-update did not apply on every engine: the run stops (its engines were resumed)."""
+
+
 # ---------------------------------------------------------------- what `run` prints at the end, its exit status
 
 @dataclass
@@ -238,6 +289,7 @@ class Tally:
     tokens: int = 0
     per_engine: dict = field(default_factory=dict)   # engine -> samples finished there
     reasons: dict = field(default_factory=dict)      # error text -> samples that failed with it
+    updates: list = field(default_factory=list)      # (after groups, version, seconds) of each --weight-update
 
     def add(self, group) -> None:
         for s in group.samples:
@@ -288,6 +340,7 @@ class Tally:
             ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(self.per_engine.items())) or "-"),
             ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
                                          f" ({restart_failures} failed restarts)"),
+            ("weight updates", ", ".join(f"{v} after {a} groups ({t:.1f} s)" for a, v, t in self.updates) or "-"),
             ("total time", f"{wall:.1f} s"),
             ("output", output),
         ]

@@ -9,6 +9,9 @@ readiness) until SIGINT/SIGTERM, stops every engine and exits 0.
 slime (managed mode): engines run keyless (`rollout.engine_auth: none`: slime sends no key) on
 `rollout.host`; `config check`'s slime checks run before any engine starts; a restarted engine whose
 weight_version differs from its peers' stays paused (`serve_weights`).
+`--control-port P` adds serve's own HTTP API on rollout.host: `POST /update_weights` (every engine loads a
+checkpoint, its requests kept in flight) and, with `--num-groups N` / `--prompts FILE`, `GET /groups`: serve rolls
+those prompts out and hands each finished group to the consumer once (`serve_stream`).
 Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
 every engine given up after its restarts -> exit 1.
 """
@@ -21,7 +24,7 @@ import signal
 import sys
 import time
 
-from rollout.cli import port
+from rollout.cli import port, positive_int
 from rollout.cli.console import say as _say
 from rollout.engines.base import BACKENDS
 from rollout.types import EngineEvent
@@ -38,11 +41,18 @@ def add_parser(sub) -> None:
     p.add_argument("--log-dir", default="serve.logs", help="engine logs (default: ./serve.logs)")
     p.add_argument("--base-port", type=port, default=None,
                    help=f"override rollout.base_port (engine i listens on base_port + {PORTS_PER_ENGINE} i)")
+    p.add_argument("--control-port", type=port, default=None,
+                   help="serve's own HTTP API on rollout.host: POST /update_weights, GET /groups (docs/manager.md)")
+    p.add_argument("--num-groups", type=positive_int, default=None,
+                   help="also roll out N prompt groups (synthetic, or the first N of --prompts), read on GET /groups")
+    p.add_argument("--prompts", metavar="FILE", default=None,
+                   help="prompt dataset (.jsonl or .parquet, read as `run` reads it) rolled out for GET /groups")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     from rollout import config as rconfig
+    from rollout import prompts
     from rollout.cli import CliError
     from rollout.cli.engine import model_for
 
@@ -54,8 +64,27 @@ def main(args) -> int:
     if cfg.slime.integration == "managed":   # what slime will refuse, before any engine starts
         from training_configs.slime_check import managed_checks
         managed_checks(cfg)
+    if (args.num_groups or args.prompts) and args.control_port is None:
+        raise CliError("--num-groups / --prompts: give --control-port too (the consumer reads the groups there)")
+    if args.control_port is not None:
+        _free(cfg.rollout.host, args.control_port)
     model_path = model_for(cfg)
+    args.dataset = prompts.for_run(prompts.describe(args.prompts, prompts.DatasetKeys()), model_path, args.num_groups)
     return asyncio.run(_serve(cfg, model_path, args))
+
+
+def _free(host: str, port: int) -> None:
+    """--control-port must bind on rollout.host before any engine starts."""
+    import socket
+
+    from rollout.cli import CliError
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise CliError(f"--control-port {port}: cannot bind {host}:{port} ({e.strerror or e})") from None
 
 
 def _write_key(log_dir: str, key: str) -> str:
@@ -125,9 +154,28 @@ async def _serve(cfg, model_path: str, args) -> int:
                   f"supervising until SIGINT/SIGTERM")
     tracker = asyncio.create_task(guard.track(mgr))
     try:
-        return await _supervise(mgr, stop, console)
+        control = await _control(cfg, model_path, args, mgr, console) if args.control_port else None
+    except OSError as e:   # the port was taken since main() checked it
+        _say(console, f"error: --control-port {args.control_port}: {e.strerror or e}; stopping the engines")
+        tracker.cancel()
+        await mgr.stop()
+        return 1
+    try:
+        return await _supervise(mgr, stop, console, control)
     finally:
         tracker.cancel()
+
+
+async def _control(cfg, model_path: str, args, mgr, console):
+    """serve's own API (and its rollout, with --num-groups / --prompts): rollout/cli/serve_stream.py."""
+    from rollout.cli.run import prompt_ids
+    from rollout.cli.serve_stream import Control
+
+    ids, extra = None, {}
+    if args.num_groups or args.dataset:
+        ids, extra = prompt_ids(cfg, model_path, args.dataset, args.num_groups or len(args.dataset), 0, mgr.run_id)
+    key = None if cfg.rollout.engine_auth == "none" else next(iter(mgr.source.specs.values())).api_key
+    return await Control.open(mgr, cfg, args, ids, extra, key, lambda text: _say(console, text))
 
 
 def served_addrs(fleet) -> str:
@@ -135,8 +183,9 @@ def served_addrs(fleet) -> str:
     return " ".join(fleet.engines[name].url.split("://", 1)[-1].rstrip("/") for name in fleet.specs)
 
 
-async def _supervise(mgr, stop: asyncio.Event, console) -> int:
-    """Report the manager's events (deaths, restarts) until a signal or until every engine is given up."""
+async def _supervise(mgr, stop: asyncio.Event, console, control=None) -> int:
+    """Report the manager's events (deaths, restarts) until a signal or until every engine is given up;
+    then `control` (serve's API and rollout) is closed and the engines are stopped."""
     seen, rc = (mgr.events[-1].seq + 1 if mgr.events else 0), 0
     try:
         while not stop.is_set() and rc == 0:
@@ -152,6 +201,8 @@ async def _supervise(mgr, stop: asyncio.Event, console) -> int:
                 else:
                     _say(console, f"{ev.engine}: {ev}")
     finally:
+        if control is not None:
+            await control.close()
         _say(console, "stopping the engines")
         await mgr.stop()
     if rc == 0:

@@ -1,12 +1,13 @@
 """One manager sample into slime's `Sample`: the prompt's tokens by slime's rule, every SGLang answer replayed
 through slime's own `append_response_tokens`, routed experts in slime's shape;
-the weight version of every response token (`version_spans`)."""
+the weight version of every response token (`version_spans`, from rollout/versions.py)."""
 from __future__ import annotations
 
 from rollout.routed_experts import slime_compact, to_slime_shape
 from rollout.slime.types import Sample
 from rollout.types import Sample as ManagerSample
 from rollout.types import SampleStatus
+from rollout.versions import version_spans  # noqa: F401  (one builder: rollout/versions.py)
 
 
 def prompt_ids(sample, tokenizer) -> list:
@@ -47,30 +48,6 @@ def fill_sample(args, dst: Sample, src: ManagerSample, layout=None) -> Sample:
             dst.rollout_routed_experts = to_slime_shape(src.routed_experts, layout)
         src.routed_experts = None
     return dst
-
-
-def version_spans(ms, held_version=None) -> list:
-    """The weight version of every response token of manager sample `ms`, as SGLang's spans over the response:
-    held tokens (from slime's buffer) `held_version`, then each answer's spans (or its one version)."""
-    spans: list = []
-
-    def add(version, n):
-        if n <= 0:
-            return
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] += n
-        else:
-            start = spans[-1]["end"] if spans else 0
-            spans.append({"version": version, "start": start, "end": start + n})
-    add(held_version, len(ms.response_ids) - sum(n for n, _, _ in ms.outputs))
-    for n, _, meta in ms.outputs:
-        done = 0
-        for span in meta.get("weight_versions") or ():
-            k = min(int(span["end"]), n) - done
-            add(str(span["version"]), k)
-            done += max(0, k)
-        add(None if meta.get("weight_version") is None else str(meta["weight_version"]), n - done)
-    return spans
 
 
 def flat(group) -> list:

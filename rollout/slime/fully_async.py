@@ -47,6 +47,7 @@ from rollout.slime.sink import Sink, on_one_rank
 from rollout.slime.state import STATE, ensure, loop, slime_helper
 from rollout.slime.types import RolloutFnTrainOutput
 from rollout.types import SampleStatus
+from rollout.versions import Versions
 
 __all__ = ["generate_rollout_fully_async", "reset", "staleness", "version_spans"]
 
@@ -80,31 +81,6 @@ def staleness(args) -> tuple:
     if policy not in POLICIES:
         raise ValueError(f"stale_groups {policy!r}: give one of {', '.join(POLICIES)} (${POLICY_ENV})")
     return lag, policy
-
-
-class Versions:
-    """Weight versions in update order: integers compare as such, others in the order first seen."""
-
-    def __init__(self):
-        self.order: dict = {}
-        self.current: Optional[str] = None
-
-    def rank(self, version) -> float:
-        if version is None:
-            return -math.inf   # unknown: the oldest
-        try:
-            return float(int(version))
-        except ValueError:
-            return float(self.order.setdefault(version, len(self.order)))
-
-    def see(self, version) -> None:
-        if version is not None and (self.current is None or self.rank(version) > self.rank(self.current)):
-            self.current = str(version)
-
-    def lag(self, spans_of_group: list) -> float:
-        """How many versions the group's oldest token is behind the current one."""
-        oldest = min((self.rank(s["version"]) for spans in spans_of_group for s in spans), default=math.inf)
-        return 0.0 if self.current is None or oldest == math.inf else self.rank(self.current) - oldest
 
 
 class Pool:

@@ -6,7 +6,8 @@ synchronous, as slime is) or in the caller's loop (`await serve()`). Every route
 was recorded answering (tests/facts/, written by tests/record_real_answers.py): /model_info, /ready,
 /server_info (the recorded fields), /health_generate, /abort_request, and /generate through `answer()`, which
 fills a finished request's meta_info with the recorded keys. A test passes its own handler for a route
-(`routes={"/generate": handler}`, POST for /generate and /abort_request, GET otherwise) for the behaviour it
+(`routes={"/generate": handler}`, POST for /generate, /abort_request and the pause / weight routes (`POST`),
+GET otherwise) for the behaviour it
 needs; handlers are looked up per request, so a test may also swap one while the server runs.
 """
 import asyncio
@@ -18,7 +19,8 @@ from aiohttp import web
 from support import ROOT
 
 FACTS = ROOT / "tests" / "facts"
-POST = ("/generate", "/abort_request")
+POST = ("/generate", "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+        "/update_weights_from_disk", "/update_weight_version")
 
 
 def fact(name: str) -> dict:
@@ -63,7 +65,7 @@ _recorded_keys_hold()
 
 
 class Loopback:
-    """An aiohttp app of `routes` ({path: async handler(request)}; POST for /generate and /abort_request, GET
+    """An aiohttp app of `routes` ({path: async handler(request)}; POST for the paths in `POST`, GET
     otherwise) on a free loopback port: in a thread of its own (`start()`) or the caller's loop (`await serve()`)."""
 
     def __init__(self, routes, *, host="127.0.0.1", port=0, shutdown_timeout=0.1, handler_cancellation=True):
