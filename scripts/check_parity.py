@@ -12,7 +12,8 @@ length, rollout logprobs, loss mask, reward, status, weight versions, metadata, 
 metrics' keys. A field equal on both sides prints [equal]; a difference plugin mode makes on purpose prints
 [explained] with the reason (`EXPLAINED`); any other difference prints [DIFF] and the exit status is 1.
 Where slime's own semantics leave a choice to timing (which of the over-sampled groups fill the batch, where
-stragglers are cut), only the samples both sides returned are compared, plus the scenario's invariants.
+stragglers are cut), only the samples both sides returned are compared, plus the scenario's invariants; the
+reward scenario over-samples one prompt, so its samples are paired by their place in the batch.
 Sampling is greedy (temperature 0) with slime's per-index seeds sent (`--sglang-enable-deterministic-inference`
 on the client side): the CPU engine refuses deterministic inference (`probe_deterministic`, run by
 check_parity.sh with the engines' Python), so logprobs are compared within `LOGPROB_TOL`.
@@ -119,18 +120,23 @@ def _cut_only(field, a, b) -> bool:
     return False
 
 
-def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bool, cut=()) -> list:
+def compare_outputs(slime_out, ours_out, *, asked_experts: bool, same_groups: bool, cut=(),
+                    by_order: bool = False) -> list:
     """[(verdict, field, detail)] for two RolloutFnTrainOutputs. `same_groups`: slime's semantics fix which groups
     fill the batch (else only the samples both returned are compared, and the group counts). `cut`: indices of
     samples continued from slime's buffer on either side: their loss masks hold zeros on the tokens each side
     held when its straggler was cut (timing, checked by `partial_invariants`), their weight versions count the
-    answers and start_rollout_id says whether they held tokens (`_cut_only`), not compared with each other."""
+    answers and start_rollout_id says whether they held tokens (`_cut_only`), not compared with each other.
+    `by_order`: every group holds the same prompt (greedy: the same completion), so samples are paired by their
+    place in the batch, whichever groups filled it."""
     out = []
     ga, gb = slime_out.samples, ours_out.samples
     if len(ga) != len(gb):
         out.append(("DIFF", "groups", f"slime returned {len(ga)} groups, ours {len(gb)}"))
     sa = {s.index: s for s in flat(ga)}
     sb = {s.index: s for s in flat(gb)}
+    if by_order:
+        sa, sb = (dict(enumerate(sorted(x.values(), key=lambda s: s.index))) for x in (sa, sb))
     if same_groups and set(sa) != set(sb):
         out.append(("DIFF", "indices", f"slime {sorted(sa)} ours {sorted(sb)}"))
     both = sorted(set(sa) & set(sb))
@@ -310,6 +316,8 @@ def _search_server():
     return srv, calls
 
 
+# Scenarios where timing picks which over-sampled groups fill the batch, on one prompt: samples paired by order
+ONE_PROMPT = {"reward that awaits"}
 SCENARIOS = {   # name: (args overrides, steps, same_groups)
     "plain GRPO": (dict(rollout_batch_size=2, over_sampling_batch_size=2), 1, True),
     "over-sampling + dynamic filter": (dict(rollout_batch_size=2, over_sampling_batch_size=2,
@@ -327,8 +335,8 @@ SCENARIOS = {   # name: (args overrides, steps, same_groups)
 }
 
 
-def run_side(which, args, overrides, steps):
-    """One side's outputs for `steps` rollout steps on a fresh data source (and the source)."""
+def run_side(which, args, overrides, steps, prompts=PROMPTS):
+    """One side's outputs for `steps` rollout steps on a fresh data source of `prompts` (and the source)."""
     from slime.rollout import sglang_rollout
     from slime.rollout.sglang_rollout import GenerateState
 
@@ -338,7 +346,7 @@ def run_side(which, args, overrides, steps):
     GenerateState.clear_instances()   # slime's own reset of its singleton: this scenario's args
     ours.reset()
     fn = sglang_rollout.generate_rollout if which == "slime" else ours.generate_rollout
-    src = BufferedSource(PROMPTS, args.n_samples_per_prompt)
+    src = BufferedSource(prompts, args.n_samples_per_prompt)
     outs = [fn(args, rid, src) for rid in range(steps)]
     return outs, src
 
@@ -398,12 +406,13 @@ def main(config, model_path, addrs):
         for which in ("slime", "ours"):
             vars(args).clear()
             vars(args).update(base)
-            got[which] = run_side(which, args, dict(overrides), steps)
+            got[which] = run_side(which, args, dict(overrides), steps,
+                                  [PROMPTS[0]] * len(PROMPTS) if name in ONE_PROMPT else PROMPTS)
         results = []
         cut = held_indices(got["slime"][1]) | held_indices(got["ours"][1])
         for a, b in zip(got["slime"][0], got["ours"][0]):
             results += compare_outputs(a, b, asked_experts=args.use_rollout_routing_replay, same_groups=same_groups,
-                                       cut=cut)
+                                       cut=cut, by_order=name in ONE_PROMPT)
         results += same_prompt_same_tokens(*got["slime"][0], *got["ours"][0])
         if name.startswith("partial"):
             for which in ("slime", "ours"):

@@ -145,3 +145,15 @@ def test_a_cut_changes_weight_version_count_and_start_rollout_id_only_for_contin
     lines, bad = cp.summarize("s", cp.compare_outputs(a, c, asked_experts=False, same_groups=False, cut={4, 6}))
     assert any(ln.startswith("[DIFF] s: weight_versions: index 4") for ln in lines)
     assert any(ln.startswith("[DIFF] s: metadata: index 6") for ln in lines), lines
+
+
+def test_one_prompt_scenarios_pair_samples_by_place_whichever_groups_filled_the_batch():
+    """Seen on real engines: the reward scenario's batch held groups 0 and 2 on slime's side, 1 and 3 on ours: no
+    index in common, nothing compared. On one prompt (greedy: one completion) the samples pair by place."""
+    a = output([[sample(0), sample(1)], [sample(4), sample(5)]])
+    b = output([[sample(2), sample(3)], [sample(6), sample(7, reward=3.0)]])
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False))
+    assert bad and any(ln.startswith("[DIFF] s: indices: no sample index returned by both") for ln in lines)
+    lines, bad = cp.summarize("s", cp.compare_outputs(a, b, asked_experts=False, same_groups=False, by_order=True))
+    assert bad and any(ln.startswith("[DIFF] s: reward: index 3: slime 2.0 ours 3.0") for ln in lines), lines
+    assert not any("indices" in ln for ln in lines)
