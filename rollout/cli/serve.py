@@ -9,9 +9,10 @@ readiness) until SIGINT/SIGTERM, stops every engine and exits 0.
 slime (managed mode): engines run keyless (`rollout.engine_auth: none`: slime sends no key) on
 `rollout.host`; `config check`'s slime checks run before any engine starts; a restarted engine whose
 weight_version differs from its peers' stays paused (`serve_weights`).
-`--control-port P` adds serve's own HTTP API on rollout.host: `POST /update_weights` (every engine loads a
-checkpoint, its requests kept in flight) and, with `--num-groups N` / `--prompts FILE`, `GET /groups`: serve rolls
-those prompts out and hands each finished group to the consumer once (`serve_stream`).
+`--control-port P` adds serve's own HTTP API on rollout.host, listening before the addresses are printed:
+`POST /update_weights` (every engine loads a checkpoint, its requests kept in flight) and, with `--num-groups N` /
+`--prompts FILE`, `GET /groups`: serve rolls those prompts out and hands each finished group to the consumer once
+(`serve_stream`).
 Bad input -> exit 2 with one line; an engine that cannot start -> its log tail, one line, exit 1;
 every engine given up after its restarts -> exit 1.
 """
@@ -138,6 +139,14 @@ async def _serve(cfg, model_path: str, args) -> int:
             if not isinstance(err, (ReadinessError, EngineStartError)):
                 raise err
             return start_failure(console, err)
+    tracker = asyncio.create_task(guard.track(mgr))
+    try:   # serve's own API listens before the addresses are printed
+        control = await _control(cfg, model_path, args, mgr, console) if args.control_port else None
+    except OSError as e:   # the port was taken since main() checked it
+        _say(console, f"error: --control-port {args.control_port}: {e.strerror or e}; stopping the engines")
+        tracker.cancel()
+        await mgr.stop()
+        return 1
     addrs = served_addrs(fleet)
     print(addrs, flush=True)
     if cfg.rollout.engine_auth == "none":
@@ -152,14 +161,6 @@ async def _serve(cfg, model_path: str, args) -> int:
     _say(console, f"ready: {len(fleet.specs)} engine(s) up after {time.monotonic() - t0:.1f} s ({key_note}); "
                   f"slime: --rollout-external-engine-addrs {addrs}; "
                   f"supervising until SIGINT/SIGTERM")
-    tracker = asyncio.create_task(guard.track(mgr))
-    try:
-        control = await _control(cfg, model_path, args, mgr, console) if args.control_port else None
-    except OSError as e:   # the port was taken since main() checked it
-        _say(console, f"error: --control-port {args.control_port}: {e.strerror or e}; stopping the engines")
-        tracker.cancel()
-        await mgr.stop()
-        return 1
     try:
         return await _supervise(mgr, stop, console, control)
     finally:
