@@ -5,12 +5,15 @@ The dispatcher notes each answer (`note`): its tokens get SGLang's own spans (`m
 0.5.19+: which tokens of one answer each version sampled when the request lived across a weight update), else
 the answer's one `weight_version`. `version_spans` gives a sample's `[{"version", "start", "end"}, ...]` over its
 whole response (tokens it held before any answer, e.g. from slime's buffer, get `held_version`). `Versions`
-orders versions for a staleness bound: integers as such (slime numbers its updates), others as first seen.
+orders versions for a staleness bound: integers as such (slime numbers its updates), others as first seen;
+`StaleGate` applies that bound in front of `run`'s and `serve`'s consumers.
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
+
+from rollout.types import Group
 
 
 def add(spans: list, version, n: int) -> None:
@@ -71,3 +74,37 @@ class Versions:
         """How many versions the group's oldest token is behind the current one."""
         oldest = min((self.rank(s["version"]) for spans in spans_of_group for s in spans), default=math.inf)
         return 0.0 if self.current is None or oldest == math.inf else self.rank(self.current) - oldest
+
+
+class StaleGate:
+    """A sink in front of `sink` (`run`'s stream, `serve`'s feed) that enforces `rollout.max_weight_version_lag`
+    as slime's fully-async function does: a finished group whose oldest token is more than `lag` versions behind
+    the current one (the newest any token or `current()` names) is not delivered; `regenerate` starts it again
+    from its prompt under the same id (through the manager's `refill`), `drop` forgets it. Both are counted
+    (`stale`, and `stale_tokens` thrown away)."""
+
+    def __init__(self, sink, lag: Optional[int], policy: str = "regenerate", current=lambda: None):
+        self.sink, self.lag, self.policy, self.current = sink, lag, policy, current
+        self.versions = Versions()
+        self.redo: list = []
+        self.stale = {"regenerate": 0, "drop": 0}
+        self.stale_tokens = 0
+
+    async def put(self, group) -> bool:
+        spans = [version_spans(s) for s in group.samples]
+        for version in [x["version"] for sp in spans for x in sp] + [self.current()]:
+            self.versions.see(version)
+        if self.lag is None or self.versions.lag(spans) <= self.lag:
+            return await self.sink.put(group)
+        self.stale[self.policy] += 1
+        self.stale_tokens += sum(len(s.response_ids) for s in group.samples)
+        if self.policy == "regenerate":
+            self.redo.append(Group.fresh(group.group_id, group.prompt_ids, len(group.samples)))
+        return False
+
+    def refill(self) -> list:
+        out, self.redo = self.redo, []
+        return out
+
+    def line(self) -> str:
+        return f"{self.stale['regenerate']} regenerated, {self.stale['drop']} dropped ({self.stale_tokens} tokens)"

@@ -6,9 +6,11 @@ The manager's update (`RolloutManager.update_weights_from_disk`, used by `run --
 `POST /update_weights`) pauses in retract mode: every group in flight keeps its tokens (no abort, no re-send,
 nothing started again), is delivered once, and each sample's `weight_version_spans` names the version of each
 token. slime's own abort-mode pause, for contrast, ends every request and the manager continues each one.
+`rollout.max_weight_version_lag` (versions.StaleGate) keeps groups older than the lag from both consumers.
 """
 import asyncio
 import json
+import re
 from types import SimpleNamespace
 
 import aiohttp
@@ -144,25 +146,25 @@ def test_slime_s_abort_mode_pause_ends_every_request_the_manager_continues_them(
 
 # ---------------------------------------------------------------- serve's API (rollout/cli/serve_stream.py)
 
-async def _api(eng, prompts, key=None):
+async def _api(eng, prompts, key=None, **rollout):
     from rollout.cli.serve_stream import Control
     from rollout.net import free_port
 
     mgr = await _manager([eng]).start()
     args = SimpleNamespace(control_port=free_port())
     said = []
-    ctl = await Control.open(mgr, SimpleNamespace(rollout=SimpleNamespace(host="127.0.0.1")), args, prompts, {},
-                             key, said.append)
+    ctl = await Control.open(mgr, SimpleNamespace(rollout=SimpleNamespace(host="127.0.0.1", **rollout)), args, prompts,
+                             {}, key, said.append)
     return mgr, ctl, f"http://127.0.0.1:{args.control_port}", said
 
 
-def test_serve_hands_out_every_group_once_across_an_update(tmp_path):
-    """A consumer reads with its cursor while it asks for a weight update mid-rollout; an answer it lost is asked
-    for again (same `after`) and comes back the same; every group once, none aborted, spans of both versions."""
+def _serve_across_an_update(tmp_path, **rollout):
+    """A consumer reads with its cursor while it asks for a weight update mid-rollout (once it read a group and a
+    request in flight is midway); an answer it loses once is asked for again with the same `after`."""
     eng = UpdatingSGLang(tick_s=0.005).start()
 
     async def go():
-        mgr, ctl, url, said = await _api(eng, _prompts(6))
+        mgr, ctl, url, said = await _api(eng, _prompts(6), **rollout)
         seen, after, updated, again = [], 0, None, None
         try:
             async with aiohttp.ClientSession() as http:
@@ -189,9 +191,14 @@ def test_serve_hands_out_every_group_once_across_an_update(tmp_path):
             await ctl.close()
             await mgr.stop()
     try:
-        seen, updated, last, said = asyncio.run(go())
+        return asyncio.run(go())
     finally:
         eng.stop()
+
+
+def test_serve_hands_out_every_group_once_across_an_update(tmp_path):
+    """Every group once (the lost answer came back the same), none aborted, spans of both versions."""
+    seen, updated, last, said = _serve_across_an_update(tmp_path)
     assert [g["seq"] for g in seen] == list(range(1, 7))
     assert sorted(g["group_id"] for g in seen) == [f"r-g{i}" for i in range(6)]
     samples = [s for g in seen for s in g["samples"]]
@@ -200,6 +207,17 @@ def test_serve_hands_out_every_group_once_across_an_update(tmp_path):
     assert updated["weight_version"] == "1" and updated["engines"] == ["e0"]
     assert last == {"groups": [], "next": 6, "done": True, "error": None, "weight_version": "1"}
     assert "rollout done: 6 group(s) delivered, 0 request(s) re-sent, 0 sample(s) failed" in said
+
+
+def test_serve_staleness_bound_drops_groups_older_than_the_lag(tmp_path):
+    """rollout.max_weight_version_lag 0 with stale_groups drop: a group with tokens of the old version that
+    finishes after the update is never handed out, and is counted; the others are handed out once."""
+    seen, _, last, said = _serve_across_an_update(tmp_path, max_weight_version_lag=0, stale_groups="drop")
+    versions = [{x["version"] for s in g["samples"] for x in s["weight_version_spans"]} for g in seen]
+    assert all(len(v) == 1 for v in versions), versions
+    dropped = 6 - len(seen)
+    assert dropped >= 1 and [g["seq"] for g in seen] == list(range(1, len(seen) + 1))
+    assert last["done"] and any(f"stale groups: 0 regenerated, {dropped} dropped" in line for line in said), said
 
 
 def test_serve_api_bad_input_is_one_line_and_the_key_is_required(tmp_path):
@@ -297,6 +315,41 @@ def test_run_weight_update_mid_run_rows_carry_spans(tmp_path, monkeypatch, capsy
                for r in rows[:2] for s in r["samples"])
     assert "1 after 2 groups" in err
     assert eng.calls[0] == ("/pause_generation", {"mode": "retract"})
+
+
+def test_run_staleness_bound_regenerates_groups_older_than_the_lag(tmp_path, monkeypatch, capsys):
+    """rollout.max_weight_version_lag 0 (stale_groups regenerate): the groups that were in flight across the update
+    are started again from their prompts under the new weights; every row once, each of one version."""
+    eng = UpdatingSGLang(tick_s=0.005).start()
+    update = RolloutManager.update_weights_from_disk
+
+    def from_config(cfg, backend, model_path, *, run_id=None, client=None, **fleet):
+        return RolloutManager(engine_source(endpoints=[Endpoint("e0", eng.url, "")]),
+                              RolloutOptions.from_config(cfg, run_id), client)
+
+    async def midway_then_update(self, path, version):
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(eng.midway(), eng.loop))
+        return await update(self, path, version)
+
+    monkeypatch.setattr(manager.RolloutManager, "from_config", staticmethod(from_config))
+    monkeypatch.setattr(manager.RolloutManager, "update_weights_from_disk", midway_then_update)
+    cfg = _run_config(tmp_path)
+    d = yaml.safe_load(open(cfg))
+    d["rollout"]["max_weight_version_lag"] = 0
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(d))
+    ckpt, out = tmp_path / "ckpt", tmp_path / "rollouts.jsonl"
+    ckpt.mkdir()
+    try:
+        rc = main(["run", "--config", cfg, "--num-groups", "6", "--output", str(out), "--weight-update", f"2:{ckpt}"])
+    finally:
+        eng.stop()
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["group_id"] for r in rows) == sorted({r["group_id"] for r in rows}) and len(rows) == 6
+    versions = [{x["version"] for s in r["samples"] for x in s["weight_version_spans"]} for r in rows]
+    assert all(len(v) == 1 for v in versions) and versions[-1] == {"1"}, versions
+    assert re.search(r"stale groups\W+[1-9]\d* regenerated, 0 dropped", err), err[-2000:]
 
 
 @pytest.mark.parametrize("flag, why", [

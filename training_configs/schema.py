@@ -66,7 +66,7 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     partial_rollout: bool         return aborted stragglers with tokens so far
     group_placement: "group"|"sample"  group: each group on one (engine, DP rank), prompt prefilled once;
                                   sample: each sample to the least-busy engine, the engine picks the rank
-    max_weight_version_lag: int|null  slime fully-async rollout: a group whose oldest token is more weight
+    max_weight_version_lag: int|null  slime fully-async rollout, run, serve: a group whose oldest token is more weight
                                   versions behind the current one is never delivered (null: no bound)
     stale_groups: "regenerate"|"drop"  what happens to such a group instead (counted: rollout/stale_groups)
     budgets:                      seconds per readiness phase

@@ -197,6 +197,7 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     from rollout.manager import RolloutManager, group_record
     from rollout.stream import GroupStream, pump
     from rollout.types import Group, group_id
+    from rollout.versions import StaleGate
 
     console = stderr_console()
     progress = progress_bar(console)
@@ -207,7 +208,8 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     todo = [Group.fresh(group_id(run_id, i), p, mgr.n_samples) for i, p in enumerate(prompts)
             if group_id(run_id, i) not in done]
     stream = GroupStream(maxsize=4)   # backpressure: finished groups wait while the writer is behind
-    tally = Tally()
+    tally = Tally(gate=StaleGate(stream, cfg.rollout.max_weight_version_lag, cfg.rollout.stale_groups,
+                                 lambda: mgr.weight_version))
     t0 = time.monotonic()
     result, lost = None, None
     stopped = _stop_on_signals(asyncio.current_task())
@@ -239,7 +241,8 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
                 return start_failure(console, e)
             t_ready = time.monotonic() - t0
             bar = progress.add_task("rollout groups", total=n, completed=n - len(todo))
-            result = await pump(mgr.rollout(todo, stream, batch_size=len(todo)), stream, write)
+            result = await pump(mgr.rollout(todo, tally.gate, batch_size=len(todo), refill=tally.gate.refill), stream,
+                                write)
         except EnginesLost as e:
             lost = e
         except (WriteError, WeightUpdateFailed) as e:
@@ -290,6 +293,7 @@ class Tally:
     per_engine: dict = field(default_factory=dict)   # engine -> samples finished there
     reasons: dict = field(default_factory=dict)      # error text -> samples that failed with it
     updates: list = field(default_factory=list)      # (after groups, version, seconds) of each --weight-update
+    gate: object = None                               # versions.StaleGate: rollout.max_weight_version_lag
 
     def add(self, group) -> None:
         for s in group.samples:
@@ -308,6 +312,7 @@ class Tally:
         n = meta["num_groups"]
         if result is not None:
             self._summary(console, mgr, result, n, written, t_ready, wall, args.output, meta["run_id"])
+        written += self.gate.stale["drop"] if self.gate else 0   # a dropped stale group has no line, by design
         if lost is not None:
             say(console, f"error: {lost}")
         elif written < n:
@@ -340,6 +345,8 @@ class Tally:
             ("samples per engine", ", ".join(f"{k}: {v}" for k, v in sorted(self.per_engine.items())) or "-"),
             ("engine deaths / restarts", f"{mgr.count(EngineEvent.DEAD)} / {mgr.count(EngineEvent.READMITTED)}"
                                          f" ({restart_failures} failed restarts)"),
+            ("stale groups", f"{self.gate.line()} (rollout.max_weight_version_lag {self.gate.lag})"
+                             if self.gate and self.gate.lag is not None else "-"),
             ("weight updates", ", ".join(f"{v} after {a} groups ({t:.1f} s)" for a, v, t in self.updates) or "-"),
             ("total time", f"{wall:.1f} s"),
             ("output", output),

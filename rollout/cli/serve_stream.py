@@ -13,6 +13,7 @@
         rollout ended), "error", "weight_version"}.
 
 Backpressure: at most `held` groups wait unacknowledged; the rollout waits meanwhile (no group dropped).
+`rollout.max_weight_version_lag` bounds staleness as in slime's fully-async function (`versions.StaleGate`).
 Across a weight update the groups in flight keep their tokens and resume under the new weights: none is
 aborted or started again, and each sample's `weight_version_spans` says which version sampled which tokens.
 Bad input: HTTP 400 and one line; a failed update: HTTP 500 and one line (the engines are resumed).
@@ -32,6 +33,7 @@ from rollout.errors import one_line
 from rollout.manager import group_record
 from rollout.net import auth_headers
 from rollout.stream import Once
+from rollout.versions import StaleGate
 
 
 class GroupFeed(Once):
@@ -139,7 +141,10 @@ class Control:
         runner = await start(mgr, cfg.rollout.host, args.control_port, key, feed)
         task = None
         if feed is not None:
-            task = asyncio.create_task(_roll(mgr, [mgr.new_group(p, index=i) for i, p in enumerate(prompts)], feed, say))
+            r = cfg.rollout
+            task = asyncio.create_task(_roll(mgr, [mgr.new_group(p, index=i) for i, p in enumerate(prompts)], feed, say,
+                                             getattr(r, "max_weight_version_lag", None),
+                                             getattr(r, "stale_groups", "regenerate")))
         say(f"control: http://{cfg.rollout.host}:{args.control_port} (POST /update_weights"
             f"{f', GET /groups: {len(prompts)} group(s)' if feed else ''})")
         return cls(runner, task)
@@ -151,13 +156,14 @@ class Control:
         await self.runner.cleanup()
 
 
-async def _roll(mgr, todo: list, feed: GroupFeed, say) -> None:
+async def _roll(mgr, todo: list, feed: GroupFeed, say, lag=None, policy="regenerate") -> None:
+    gate = StaleGate(feed, lag, policy, lambda: mgr.weight_version)   # rollout.max_weight_version_lag
     try:
-        res = await mgr.rollout(todo, feed, batch_size=len(todo))
+        res = await mgr.rollout(todo, gate, batch_size=len(todo), refill=gate.refill)
     except Exception as e:   # every engine lost: the consumer reads the reason
         await feed.finish(one_line(e))
         say(f"rollout stopped: {one_line(e)}")
         return
     await feed.finish()
     say(f"rollout done: {res.delivered} group(s) delivered, {res.resent} request(s) re-sent, "
-        f"{res.failed_samples} sample(s) failed")
+        f"{res.failed_samples} sample(s) failed" + (f"; stale groups: {gate.line()}" if lag is not None else ""))
