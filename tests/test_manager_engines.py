@@ -291,25 +291,20 @@ def _dp_rank_scheduler(engine, rank: int):
     return hits[0]
 
 
-@pytest.mark.e2e  # two DP-attention engines (dp 2 each) start on CPU: minutes here
-@pytest.mark.timeout(1500)
-def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path):
-    """SIGSTOP of ONE DP rank's scheduler of a DP-attention engine mid-rollout. Its ranks run in lockstep
-    (the MLP sync gathers over every rank each scheduler step), so the whole engine stalls; the health
-    probe sees no progress and a stopped scheduler, the monitor declares the engine dead as any dead
-    engine, and its groups are placed again, together, on the other engine: every group exactly once."""
-    cfg = _config(engines=2, max_new_tokens=96, path=rconfig.preset_path("c"))
-    two_rank_dp(cfg.engine_groups[0])
-    cfg.rollout.health.interval_s, cfg.rollout.health.timeout_s, cfg.rollout.health.failures = 1.0, 5.0, 2
-    cfg.engine_groups[0].env["SGLANG_HEALTH_CHECK_TIMEOUT"] = "5"   # SGLang's /health_generate window
-    assert cfg.rollout.group_placement == "group"
+def stop_one_rank_mid_rollout(cfg, tmp_path, victim_name: str, stop_rank: int, dead_within_s: float,
+                              check_admitted=None):
+    """Two engines of `cfg` roll out 8 groups; once a sample runs on (`victim_name`, `stop_rank`) that rank's
+    scheduler is stopped (SIGSTOP) until its engine is declared dead. (result, groups, DEAD events, seconds to
+    dead, the (engine, rank) of each sample in flight on the victim at the stop, sample id -> the (engine,
+    rank) of each of its attempts). `check_admitted(manager)` runs once the engines are admitted."""
     model = model_for(cfg, ROOT)
-    victim_name, other_name, stop_rank = "tiny-dpattn-1", "tiny-dpattn-0", 1
-    keys: dict = {}   # sample id -> the (engine, DP rank) of each attempt, in order
+    keys: dict = {}
 
     async def go():
         m = RolloutManager.from_config(cfg, LocalBackend(str(tmp_path)), model, ports=[free_port(), free_port()])
         async with m:
+            if check_admitted:
+                check_admitted(m)
             place = m.dispatcher.placement.place
 
             def recording(sample, cost, avoid=()):
@@ -336,7 +331,9 @@ def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path
             at_stop = {sid: k for sid, (k, _, _) in m.dispatcher.placement.current.items() if k[0] == victim_name}
             try:
                 while not m.count(EngineEvent.DEAD):
-                    assert time.monotonic() - t_stop < 300, f"not declared dead: {list(m.source.monitor.history)[-4:]}"
+                    history = [h for h in m.source.monitor.history if h[0] == victim_name]
+                    assert time.monotonic() - t_stop < dead_within_s, \
+                        f"the stopped rank's engine was not declared dead; its health probes since: {history[-6:]}"
                     await asyncio.sleep(0.1)
                 dead_s = time.monotonic() - t_stop
                 res = await asyncio.wait_for(task, timeout=600)
@@ -347,27 +344,49 @@ def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path
                     pass
             await stream.close()
             dead = [e for e in m.events if e.kind == EngineEvent.DEAD]
-            history = list(m.source.monitor.history)
-            return res, [g async for g in stream], dead, dead_s, history, at_stop
+            return res, [g async for g in stream], dead, dead_s, at_stop
 
-    res, groups, dead, dead_s, history, at_stop = asyncio.run(go())
+    res, groups, dead, dead_s, at_stop = asyncio.run(go())
     print(f"declared dead {dead_s:.1f} s after the stop: {dead[0]}; in flight on {victim_name} then, by rank: "
           f"{ {r: sum(k[1] == r for k in at_stop.values()) for r in (0, 1)} }")
-    assert [e.engine for e in dead] == [victim_name], [str(e) for e in dead]
-    assert "consecutive health probes failed" in dead[0].detail and "scheduler stopped" in dead[0].detail, \
-        (dead[0].detail, history)
-    assert res.delivered == 8 and len({g.group_id for g in groups}) == 8 and res.failed_samples == 0
-    assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
-    # lockstep: nothing in flight on the engine when one rank stopped finished there, the other rank's included
-    assert at_stop and all(s.engine == other_name for g in groups for s in g.samples if s.sample_id in at_stop)
-    pinned = 0
+    return res, groups, dead, dead_s, at_stop, keys
+
+
+def assert_moved_once_together(groups, keys, victim_name: str, other_name: str) -> list:
+    """Every group's samples: moved at most once, first attempts on one rank, moved together to the other
+    engine. The first attempt of each group's first sample."""
+    firsts = []
     for g in groups:
         runs = [keys[s.sample_id] for s in g.samples]
         assert all(1 <= len(r) <= 2 for r in runs), runs                      # moved at most once
         assert len({r[0] for r in runs}) == 1, runs                           # first attempts on one rank
         assert len({r[1] for r in runs if len(r) == 2}) <= 1, runs            # moved together
         assert all(r[1][0] == other_name and r[0][0] == victim_name for r in runs if len(r) == 2), runs
-        if runs[0][0] == (victim_name, stop_rank):
-            pinned += 1
-            assert all(s.engine == other_name for s in g.samples), runs       # finished on the other engine
-    assert pinned >= 1
+        firsts.append(runs[0][0])
+    return firsts
+
+
+@pytest.mark.e2e  # two DP-attention engines (dp 2 each) start on CPU: minutes here
+@pytest.mark.timeout(1500)
+def test_stopped_dp_rank_is_a_dead_engine_its_groups_move_together_once(tmp_path):
+    """SIGSTOP of ONE DP rank's scheduler of a DP-attention engine mid-rollout. Its ranks run in lockstep
+    (the MLP sync gathers over every rank each scheduler step), so the whole engine stalls; the health
+    probe sees no progress and a stopped scheduler, the monitor declares the engine dead as any dead
+    engine, and its groups are placed again, together, on the other engine: every group exactly once."""
+    cfg = _config(engines=2, max_new_tokens=96, path=rconfig.preset_path("c"))
+    two_rank_dp(cfg.engine_groups[0])
+    cfg.rollout.health.interval_s, cfg.rollout.health.timeout_s, cfg.rollout.health.failures = 1.0, 5.0, 2
+    cfg.engine_groups[0].env["SGLANG_HEALTH_CHECK_TIMEOUT"] = "5"   # SGLang's /health_generate window
+    assert cfg.rollout.group_placement == "group"
+    victim_name, other_name, stop_rank = "tiny-dpattn-1", "tiny-dpattn-0", 1
+    res, groups, dead, _, at_stop, keys = stop_one_rank_mid_rollout(cfg, tmp_path, victim_name, stop_rank, 300)
+    assert [e.engine for e in dead] == [victim_name], [str(e) for e in dead]
+    assert "consecutive health probes failed" in dead[0].detail and "scheduler stopped" in dead[0].detail, \
+        dead[0].detail
+    assert res.delivered == 8 and len({g.group_id for g in groups}) == 8 and res.failed_samples == 0
+    assert all(s.status in ("completed", "truncated") for g in groups for s in g.samples)
+    # lockstep: nothing in flight on the engine when one rank stopped finished there, the other rank's included
+    assert at_stop and all(s.engine == other_name for g in groups for s in g.samples if s.sample_id in at_stop)
+    firsts = assert_moved_once_together(groups, keys, victim_name, other_name)
+    pinned = [g for g, first in zip(groups, firsts) if first == (victim_name, stop_rank)]
+    assert pinned and all(s.engine == other_name for g in pinned for s in g.samples)   # finished on the other
