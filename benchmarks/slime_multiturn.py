@@ -14,7 +14,8 @@ slime's router (`_start_router`, PyPI's sglang-router) and one
           (plugin mode: the turns reach the manager through its loopback front, placed per group);
   slime:  slime's own `slime.rollout.sglang_rollout.generate_rollout`, the same function, through slime's router.
 The engines: `--engines` of the DP-attention miniature (training_configs/tiny-cpu-dpattn.yaml: dp 2, NEXTN,
-chunk 4,096), started once, caches flushed before every step; a warm-up step of each arm is not counted.
+chunk 4,096), started once, caches flushed before every step; `--warmups` steps of each arm (2) are not
+counted.
 The data source is a STAND-IN that hands slime Samples whose `tokens` are the prompt ids. Neither arm asks
 for routed experts (every PyPI sglang-router drops `return_routed_experts`, so slime's arm could not get them).
 
@@ -218,8 +219,9 @@ def run(a) -> dict:
                       f"{', primers ' + str(out['primer_prefilled']) if arm == 'ours' else ''}), "
                       f"{fig['tokens_per_s']:.1f} tokens/s, turns done at "
                       f"{', '.join(f'{x:.1f}' for x in fig['ends'])} s, step {fig['step_s']:.2f} s", flush=True)
-            for i, arm in enumerate(("ours", "slime")):
-                await one(arm, 7 + i, False)
+            for w in range(a.warmups):
+                for i, arm in enumerate(("ours", "slime")):
+                    await one(arm, 7 + 2 * w + i, False)
             for r in range(a.rounds):
                 for arm in (("ours", "slime") if r % 2 == 0 else ("slime", "ours")):
                     await one(arm, 100 + 10 * r + (arm == "slime"), True, r)
@@ -317,6 +319,8 @@ def main(argv=None) -> int:
         return _worker(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmups", type=int, default=2, help="steps of each arm not counted (CPU engine: the first "
+                    "steps of each new batch shape are slow)")
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--engines", type=int, default=1)
     ap.add_argument("--turn-tokens", type=int, default=16)
@@ -328,8 +332,9 @@ def main(argv=None) -> int:
                     help="a slime checkout (default: $SLIME_SRC); both arms need slime importable")
     ap.add_argument("--dry", action="store_true", help="judge recorded figures (no engine, no slime)")
     a = ap.parse_args(argv)
-    if min(a.rounds, a.groups, a.engines, a.turn_tokens) < 1 or a.obs_len < 64 or a.system_len < 256:
-        ap.error("--rounds, --groups, --engines, --turn-tokens must be >= 1; --obs-len >= 64, --system-len >= 256")
+    if min(a.rounds, a.groups, a.engines, a.turn_tokens) < 1 or a.warmups < 0 or a.obs_len < 64 or a.system_len < 256:
+        ap.error("--rounds, --groups, --engines, --turn-tokens must be >= 1; --warmups >= 0; --obs-len >= 64, "
+                 "--system-len >= 256")
     if a.dry:
         fact(BENCH, "dry run: recorded figures, no engine")
         report({arm: [summarise(step)] for arm, step in DRY.items()})
