@@ -27,8 +27,8 @@ Arms, on the same stand-ins, alternated, fresh caches, each warmed up first (16 
 Printed and judged (means over rounds): prefilled prompt tokens / prompt tokens (primers included; the
 shared prefix cached makes it < 1), placement / today and / slime; rank imbalance (max / mean busy time
 per rank); rollout tokens/s, placement / today and / slime; client CPU per request (process CPU /
-samples), placement / today. bench-quick runs one engine of the 4 ranks (`--engine-count 1`), 128 groups
-with `--short 8`: 32 groups per rank, 8 in flight per rank, as at full size, so the same targets hold.
+samples), placement / today. bench-quick runs one engine of the 4 ranks (`--engine-count 1`), 64 groups
+with `--short 8`: 16 groups per rank, 8 in flight per rank, arriving as others finish as at full size.
 """
 import argparse
 import asyncio
