@@ -165,9 +165,9 @@ def _patched_variant_run(variant, base):
     return root, res
 
 
-# The releases slime's and Miles' images run (slime's, its next, Miles' before and now) in `make test`; the
-# rest of the matrix in `make test-e2e` (each is a whole scenario run on a patched copy of the tree).
-USER_RELEASES = ("0.5.15.post1", "0.5.15.post1+slime", "0.5.16", "0.5.17", "0.5.19")
+# The releases slime's and Miles' images run now (slime's, its next, Miles') in `make test`; the rest of the
+# matrix in `make test-e2e` (each is a whole scenario run on a patched copy of the tree).
+USER_RELEASES = ("0.5.15.post1", "0.5.15.post1+slime", "0.5.17", "0.5.19")
 PATCHED_QUICK = [v for v in MATRIX if v in USER_RELEASES]
 PATCHED_E2E = [v for v in MATRIX if v not in USER_RELEASES]
 

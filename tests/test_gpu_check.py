@@ -296,6 +296,7 @@ def test_engine_checks_cli_parses_without_cuda():
     assert r.returncode == 2 and "--work" in r.stderr
 
 
+@pytest.mark.e2e   # ~35 s on the pooled engine; the check's judging and commands are tested above in make test
 def test_retraction_check_runs_against_a_real_cpu_engine(engine_pool, tiny_model, capsys):
     """engine_checks.check_retraction end to end against the real SGLang CPU engine of preset (a) (the pool's,
     shared with the engine tests) in all three roles, 3 requests of 8 tokens: streamed answers parsed, rows

@@ -181,6 +181,7 @@ def test_retraction_across_weight_update_kept_with_the_fix(engine_pool, tiny_mod
         _post(eng, "/update_weights_from_disk", {"model_path": tiny_model, "weight_version": "default"})
 
 
+@pytest.mark.e2e   # ~30 s of engine work; the STATE hook's capped path runs on every release's scenarios in make test
 def test_retraction_over_the_cap_is_stamped_recomputed(engine_pool, tiny_model):
     """The same sequence with a per-request kept-rows cap below one request's rows: the scheduler turns the fix off
     for each request at the retraction, its answer says `recomputed` with the cap's line (before the scheduler's
