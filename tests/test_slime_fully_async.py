@@ -264,3 +264,20 @@ def test_the_pool_is_sized_by_engines_and_dp_ranks():
     pool.sized(2)
     assert pool.size == 16
     assert copy.copy(pool.stale) == {"regenerate": 0, "drop": 0}
+
+
+def record_filter(args, data):
+    raise AssertionError("the fully-async rollout ran the sample filter")
+
+
+@pytest.mark.timeout(60)
+def test_filters_slime_fully_async_does_not_run_are_named_once_not_run(stand, capsys):
+    """slime's fully_async_rollout runs neither --rollout-sample-filter-path nor --rollout-all-samples-process-path:
+    neither runs here, and the first call says so in one line (not on the next calls)."""
+    kw = dict(rollout_sample_filter_path=f"{__name__}.record_filter",
+              rollout_all_samples_process_path=f"{__name__}.record_filter")
+    outs, _ = _steps(stand, PROMPTS, 2, **kw)
+    assert all(len(out.samples) == 2 for out in outs)
+    lines = [l for l in capsys.readouterr().err.splitlines() if "fully-async rollout" in l]
+    assert lines == ["slime-moe-rollout: warning: --rollout-sample-filter-path, --rollout-all-samples-process-path "
+                     "not run by the fully-async rollout (slime's own fully_async_rollout runs neither)"]

@@ -169,3 +169,20 @@ def refuse(args) -> None:
         if value != f.default:
             raise ValueError(f"{f.option} {value!r} (slime's default {f.default!r}) is not supported in plugin mode: "
                              f"{f.what}; drop the flag or use slime's own rollout function")
+
+
+# flags slime's own fully-async rollout (slime.rollout.fully_async_rollout, 624b824) does not run either: the
+# fully-async entry point does as slime's and says so once
+FULLY_ASYNC_NOT_RUN = {
+    "rollout_sample_filter_path": "--rollout-sample-filter-path",
+    "rollout_all_samples_process_path": "--rollout-all-samples-process-path",
+}
+
+
+def fully_async_warning(args):
+    """One line naming the flags set that the fully-async rollout does not run (nor does slime's own); None if none."""
+    names = [o for dest, o in FULLY_ASYNC_NOT_RUN.items() if getattr(args, dest, None)]
+    if not names:
+        return None
+    return (f"slime-moe-rollout: warning: {', '.join(names)} not run by the fully-async rollout "
+            "(slime's own fully_async_rollout runs neither)")

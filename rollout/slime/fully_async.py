@@ -37,6 +37,7 @@ import asyncio
 import copy
 import math
 import os
+import sys
 from typing import Optional
 
 from rollout.errors import EngineError
@@ -291,6 +292,9 @@ def generate_rollout_fully_async(args, rollout_id, data_source, evaluation=False
     if _POOL is None or _POOL.backend is not backend or _POOL.data_source is not data_source:
         if _POOL is not None:
             loop().run(_POOL.stop())
+        line = flags.fully_async_warning(args)
+        if line:
+            print(line, file=sys.stderr, flush=True)
         step = custom.Step(args, backend, tokenizer, STATE.pending, background=True) if custom.active(args) else None
         _POOL = loop().run(_new_pool(args, backend, tokenizer, data_source, step))
     pool = _POOL
