@@ -41,6 +41,17 @@ def parse_reply(line: str):
     return out
 
 
+def worker_env(slime_src: str, *paths: str) -> dict:
+    """The environment of a worker under SLIME_PYTHON: the checkout, scripts/, `paths`, slime and a STUB wandb
+    package (slime imports it; it is not installed there) on PYTHONPATH."""
+    stubs = tempfile.mkdtemp(prefix="slime-arm-stubs-")
+    os.makedirs(os.path.join(stubs, "wandb"))
+    with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
+        f.write('"""STUB (benchmarks/_slime_arm.py): wandb is not installed; slime only imports it."""\n')
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), *paths, slime_src,
+                                                        stubs]))
+
+
 class SlimeArm:
     def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int,
                  overrides: dict | None = None):
@@ -48,11 +59,7 @@ class SlimeArm:
         why = unavailable(slime_src)
         if why:
             raise SystemExit(f"error: {why}")
-        stubs = tempfile.mkdtemp(prefix="slime-arm-stubs-")
-        os.makedirs(os.path.join(stubs, "wandb"))
-        with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
-            f.write('"""STUB (benchmarks/_slime_arm.py): wandb is not installed; slime only imports it."""\n')
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), slime_src, stubs]))
+        env = worker_env(slime_src)
         self.log = tempfile.NamedTemporaryFile(prefix="slime-arm-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [SLIME_PYTHON, os.path.abspath(__file__), cfg_path, model,

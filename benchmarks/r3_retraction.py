@@ -40,6 +40,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from _replay import Replayed, pooled, ratio, split_at_first_change, spans_from_meta  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "training_configs", "near-tie-cpu.yaml")
@@ -83,25 +84,6 @@ async def _rollout(mgr, prompts, model, marks):
     return [s for g in sink.groups for s in g.samples]
 
 
-def _split_at_update(lm, samples, meta) -> dict:
-    """k3 KL / mean |d| with replay over the response tokens before each sample's first weight-version change
-    (`meta_info["weight_versions"]` spans, SGLang 0.5.23) and after it."""
-    from rollout.r3.metrics import logprob_stats
-    from rollout.r3.replay import recompute
-
-    parts = {"before": ([], []), "after": ([], [])}
-    for s in samples:
-        spans = meta(s).get("weight_versions") or []
-        if len(spans) < 2:
-            continue
-        k = spans[1]["start"]
-        trainer = recompute(lm, s.prompt_ids, s.response_ids, s.routed_experts).logprobs
-        for part, sl in (("before", slice(0, k)), ("after", slice(k, None))):
-            parts[part][0].extend(trainer[sl])
-            parts[part][1].extend(s.logprobs[sl])
-    return {part: logprob_stats(t, r) for part, (t, r) in parts.items() if t}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=CONFIG)
@@ -117,7 +99,6 @@ def main() -> int:
     from rollout.manager import RolloutManager, RolloutOptions, engine_source
     from rollout.models.near_tie import build_near_tie_glm
     from rollout.net import free_port
-    from rollout.r3.check import RolloutSample, arm
     from rollout.r3.replay import load_model
     from rollout.routed_experts.retraction import retraction_reason
     from rollout.types import SampleStatus
@@ -126,6 +107,7 @@ def main() -> int:
 
     model = build_near_tie_glm()
     lm = load_model(model, "bfloat16")
+    one = lambda version: lm  # noqa: E731 - every update reloads the same checkpoint
 
     def meta(s):
         return s.outputs[-1][2] if s.outputs else {}
@@ -144,6 +126,10 @@ def main() -> int:
         marks = [max(1, a.prompts * (i + 1) // (a.updates + 1)) for i in range(a.updates)]
         return asyncio.run(_rollout(mgr, prompts, model, marks))
 
+    def as_replayed(ss):
+        return [Replayed(s.prompt_ids, s.response_ids, s.logprobs, s.routed_experts,
+                         spans_from_meta(meta(s), len(s.response_ids))) for s in ss]
+
     def replay(samples):
         """(replay on the retracted kept samples, on the unretracted ones, the retracted ones)."""
         kept = [s for s in samples if s.status.finished and s.routed_experts is not None]
@@ -151,10 +137,7 @@ def main() -> int:
         unret = [s for s in kept if s not in ret]
         if not ret or not unret:
             raise RuntimeError(f"need retracted and unretracted samples: {len(ret)} / {len(unret)}")
-        as_rs = lambda ss: [RolloutSample(s.prompt_ids, s.response_ids, s.logprobs, s.routed_experts)  # noqa: E731
-                            for s in ss]
-        return arm(lm, as_rs(ret), [s.routed_experts for s in ret]), \
-            arm(lm, as_rs(unret), [s.routed_experts for s in unret]), ret
+        return pooled(one, as_replayed(ret)), pooled(one, as_replayed(unret)), ret
 
     def agreement(ss):
         """(token-layer rows the re-prefill routed to another expert set than the kept rows, rows compared), over the
@@ -190,16 +173,15 @@ def main() -> int:
                 f"{replay_r.flip_rate:.2%}), unretracted {replay_u.k3_kl:.3g} ({replay_u.tokens} tokens, "
                 f"flip rate {replay_u.flip_rate:.2%}); mean |d| {replay_r.mean_abs_diff:.3g} vs "
                 f"{replay_u.mean_abs_diff:.3g}")
-    for part, st in _split_at_update(lm, ret, meta).items():
+    for part, st in split_at_first_change(one, as_replayed(ret)).items():
         fact(BENCH, f"retracted samples, response tokens {part} their first update: k3 KL {st['k3_kl']:.3g}, "
                     f"mean |d| {st['mean_abs_diff']:.3g} ({st['tokens']} tokens)")
     off_samples = rollout(disable="retraction-routes")
     off_r, off_u, off_ret = replay(off_samples)
     split = ", ".join(f"{part} the update {st['k3_kl']:.3g}"
-                      for part, st in _split_at_update(lm, off_ret, meta).items())
+                      for part, st in split_at_first_change(one, as_replayed(off_ret)).items())
     fact(BENCH, f"without retraction-routes (the re-prefill routes as SGLang chooses): k3 KL retracted / "
                 f"unretracted {off_r.k3_kl / off_u.k3_kl:.3f} ({len(off_ret)} retracted samples; {split})")
-    ratio = lambda r, u: r.k3_kl / u.k3_kl if u.k3_kl > 0 else float("inf")  # noqa: E731
     fact(BENCH, f"k3 KL retracted / unretracted, side by side: fixed {ratio(replay_r, replay_u):.3f}, "
                 f"retraction-routes disabled {ratio(off_r, off_u):.3f}")
     judge(BENCH, "k3_kl_retracted", ratio(replay_r, replay_u))
