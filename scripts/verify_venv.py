@@ -18,11 +18,11 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_DIRS = ("sglang_patches", "rollout", "training_configs", "tests", "benchmarks", "scripts")
-# Imported by the project but not part of the lock: slime (with its train_async.py script) is the user's
+# Imported by the project but not part of the lock: slime (with its train.py and train_async.py scripts) is the user's
 # source tree (--slime-src); sglang_router is the router slime's environment brings
 # (scripts/probe_router_fields.py probes it). pyarrow is optional (`run --prompts` reads Parquet when it is installed). Modules that tests write
 # into a temporary folder before importing them are not installed anywhere.
-NOT_IN_LOCK = {"slime", "train_async", "sglang_router", "pyarrow", "in_place_target", "in_place_user",
+NOT_IN_LOCK = {"slime", "train", "train_async", "sglang_router", "pyarrow", "in_place_target", "in_place_user",
                "slime_rollout_changed"}
 # Used by the project without an import statement in its sources.
 EXTRA_MODULES = ("pytest_timeout",)
