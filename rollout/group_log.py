@@ -108,6 +108,11 @@ def read_meta(path: str) -> dict:
                 raise ValueError(f"{k}: expected {t.__name__}, got {meta[k]!r}")
         if meta["num_groups"] < 1 or not isinstance(meta.get("prompts"), (dict, type(None))):
             raise ValueError("num_groups must be >= 1 and prompts an object or null")
+        updates = meta.setdefault("weight_updates", [])   # a run written before updates were recorded: none
+        if not isinstance(updates, list) or not all(
+                isinstance(u, list) and len(u) == 2 and type(u[0]) is int and u[0] >= 1 and isinstance(u[1], str)
+                for u in updates):
+            raise ValueError(f"weight_updates: expected a list of [after, checkpoint], got {updates!r}")
     except (ValueError, UnicodeDecodeError) as e:
         raise CliError(f"--resume: {meta_path(path)} is not a run description ({e})") from None
     return meta

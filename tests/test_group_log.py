@@ -43,7 +43,8 @@ def test_resume_reads_done_groups_and_cuts_only_a_torn_last_line(tmp_path):
     log, r = group_log.resume(str(out))
     log.append({"group_id": "r1-g1"})
     log.close()
-    assert r.meta == META and r.done == {"r1-g0", "r1-g2"} and r.torn_bytes == len('{"group_id": "r1-')
+    assert r.meta == {**META, "weight_updates": []}, "a run written without weight updates recorded: none"
+    assert r.done == {"r1-g0", "r1-g2"} and r.torn_bytes == len('{"group_id": "r1-')
     assert [json.loads(x)["group_id"] for x in out.read_text().splitlines()] == ["r1-g0", "r1-g2", "r1-g1"]
 
 

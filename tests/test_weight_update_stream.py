@@ -368,3 +368,64 @@ def test_run_weight_update_bad_flag_is_one_line_and_writes_nothing(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and why.format(ckpt=ckpt) in err, err
     assert not out.exists()
+
+
+def _standin_run(monkeypatch, eng):
+    def from_config(cfg, backend, model_path, *, run_id=None, client=None, **fleet):
+        return RolloutManager(engine_source(endpoints=[Endpoint("e0", eng.url, "")]),
+                              RolloutOptions.from_config(cfg, run_id), client)
+
+    monkeypatch.setattr(manager.RolloutManager, "from_config", staticmethod(from_config))
+
+
+def test_resume_applies_the_recorded_update_before_any_group(tmp_path, monkeypatch, capsys):
+    """A run with --weight-update 2:CKPT stopped after 3 lines: `--resume` (no flag) loads CKPT as version 1 before
+    its first group, so every resumed row is of version 1, as the run would have been (was: base weights)."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "rollouts.jsonl"
+    ckpt.mkdir()
+    cfg = _run_config(tmp_path)
+    eng = UpdatingSGLang(tick_s=0.002).start()
+    _standin_run(monkeypatch, eng)
+    try:
+        assert main(["run", "--config", cfg, "--num-groups", "6", "--output", str(out),
+                     "--weight-update", f"2:{ckpt}"]) == 0
+    finally:
+        eng.stop()
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:3]))   # what a kill after 3 lines leaves
+    capsys.readouterr()
+    eng = UpdatingSGLang(tick_s=0.002).start()   # fresh engines: the base weights
+    _standin_run(monkeypatch, eng)
+    try:
+        rc = main(["run", "--resume", str(out)])
+    finally:
+        eng.stop()
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and len({r["group_id"] for r in rows}) == 6
+    assert all(s["weight_version_spans"] == [{"version": "1", "start": 0, "end": NEW}]
+               for r in rows[3:] for s in r["samples"]), [r["samples"][0]["weight_version_spans"] for r in rows[3:]]
+    assert "1 after 2 groups" in err
+    assert eng.calls[0] == ("/pause_generation", {"mode": "retract"})
+
+
+def test_resume_with_another_weight_update_is_one_line(tmp_path, capsys):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "rollouts.jsonl"
+    ckpt.mkdir()
+    from rollout.group_log import start
+
+    start(str(out), {"run_id": "r1", "config": _run_config(tmp_path), "seed": 0, "num_groups": 6, "prompts": None,
+                     "weight_updates": [[2, str(ckpt)]]}).close()
+    rc = main(["run", "--resume", str(out), "--weight-update", f"3:{ckpt}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == (f"error: --weight-update differs from the run being resumed (2:{ckpt}); drop it: the "
+                               f"recorded updates apply"), err
+    ckpt.rmdir()
+    assert main(["run", "--resume", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"error: --resume: the run's weight-update checkpoint {ckpt} is not a directory any more"
+    (tmp_path / "rollouts.jsonl.run.json").write_text(json.dumps(
+        {"run_id": "r1", "config": "c", "seed": 0, "num_groups": 6, "weight_updates": [["2", "x"]]}))
+    assert main(["run", "--resume", str(out)]) == 2
+    assert "is not a run description (weight_updates: expected a list of [after, checkpoint], got [['2', 'x']])" in \
+        capsys.readouterr().err

@@ -59,8 +59,9 @@ def add_parser(sub) -> None:
     p.add_argument("--base-port", type=port, default=None,
                    help="override rollout.base_port (engine i listens on base_port + 10*i)")
     p.add_argument("--weight-update", metavar="AFTER:CHECKPOINT", type=_weight_update, action="append", default=[],
-                   help="once AFTER groups are written in this run, every engine loads CHECKPOINT (a directory) as "
-                        "weight version 1, 2, ... in flag order; the groups in flight keep their tokens (repeatable)")
+                   help="once AFTER groups of the run are written, every engine loads CHECKPOINT (a directory) as "
+                        "weight version 1, 2, ... in AFTER order; the groups in flight keep their tokens (repeatable; "
+                        "recorded with the run: --resume applies them, an update already passed at start)")
     p.set_defaults(func=main)
 
 
@@ -135,17 +136,13 @@ def main(args) -> int:
     if meta is None:
         meta = {"run_id": uuid.uuid4().hex[:10], "config": os.path.abspath(args.config),
                 "seed": args.seed if args.seed is not None else 0, "prompts": source,
-                "num_groups": args.num_groups or (len(dataset) if dataset else cfg.rollout.batch_size)}
+                "num_groups": args.num_groups or (len(dataset) if dataset else cfg.rollout.batch_size),
+                "weight_updates": [list(u) for u in sorted(args.weight_update)]}
         _updates_happen(args, meta["num_groups"])
         log, done = group_log.start(args.output, meta, overwrite=args.overwrite), set()
     else:
         log, resumed = group_log.resume(args.output)
         done = resumed.done
-        try:
-            _updates_happen(args, meta["num_groups"] - len(done))
-        except CliError:
-            log.close()
-            raise
         if resumed.torn_bytes:
             print(f"note: cut a torn last line ({resumed.torn_bytes} bytes) left by the killed run; "
                   f"its group runs again", file=sys.stderr)
@@ -183,7 +180,16 @@ def _resumed_run(args) -> dict:
                                    (meta.get("prompts") or {}).get("path"))):
         if given is not None and given != recorded:
             raise CliError(f"{flag} {given} differs from the run being resumed ({recorded}); drop it")
+    recorded = [tuple(u) for u in meta["weight_updates"]]
+    if args.weight_update and sorted(args.weight_update) != recorded:
+        said = " ".join(f"{a}:{p}" for a, p in recorded) or "none"
+        raise CliError(f"--weight-update differs from the run being resumed ({said}); drop it: the recorded "
+                       f"updates apply")
     args.config, args.num_groups, args.seed, args.output = meta["config"], meta["num_groups"], meta["seed"], args.resume
+    gone = [path for _, path in recorded if not os.path.isdir(path)]
+    if gone:
+        raise CliError(f"--resume: the run's weight-update checkpoint {gone[0]} is not a directory any more")
+    args.weight_update = recorded
     return meta
 
 
@@ -216,21 +222,26 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
     resume_hint = f"continue with: slime-moe-rollout run --resume {args.output}"
     ended = None   # (line, exit status) of a run that stopped early
 
-    updates = sorted(args.weight_update)
+    # (after groups of the run, checkpoint, version); a resumed run starts on the last one already passed
+    updates = [(a, path, str(i + 1)) for i, (a, path) in enumerate(sorted(args.weight_update))]
+    passed = [u for u in updates if u[0] <= len(done)][-1:]
+    updates = [u for u in updates if u[0] > len(done)]
+
+    async def update(after, path, version):
+        t = time.monotonic()
+        try:
+            await mgr.update_weights_from_disk(path, version)
+        except Exception as e:
+            raise WeightUpdateFailed(f"weight update {version} ({path}, after {after} groups) failed: "
+                                     f"{one_line(e)}") from None
+        tally.updates.append((after, version, time.monotonic() - t))
 
     async def write(group):  # the trainer side: one fsync'd line per group, as it finishes
         await asyncio.to_thread(log.append, {**group_record(group), **extra.get(group.group_id, {})})
         tally.add(group)
         progress.advance(bar)
-        while updates and log.lines >= updates[0][0]:   # the groups in flight wait, paused, then resume
-            after, path = updates.pop(0)
-            version, t = str(len(tally.updates) + 1), time.monotonic()
-            try:
-                await mgr.update_weights_from_disk(path, version)
-            except Exception as e:
-                raise WeightUpdateFailed(f"weight update {version} ({path}, after {after} groups) failed: "
-                                         f"{one_line(e)}") from None
-            tally.updates.append((after, version, time.monotonic() - t))
+        while updates and len(done) + log.lines >= updates[0][0]:   # the groups in flight wait, paused, then resume
+            await update(*updates.pop(0))
 
     with progress:
         try:
@@ -240,6 +251,8 @@ async def _run(cfg, model_path: str, meta: dict, done: set, log, args, dataset=N
                 progress.stop()
                 return start_failure(console, e)
             t_ready = time.monotonic() - t0
+            for u in passed:   # the weights the killed run had reached, before any group of this one
+                await update(*u)
             bar = progress.add_task("rollout groups", total=n, completed=n - len(todo))
             result = await pump(mgr.rollout(todo, tally.gate, batch_size=len(todo), refill=tally.gate.refill), stream,
                                 write)
