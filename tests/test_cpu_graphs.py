@@ -183,6 +183,46 @@ def test_replay_undoes_the_prefill_forward_redirect(monkeypatch):
     assert "forward" in runner.layer_model.__dict__  # the runner's redirect is back for its own restore
 
 
+@pytest.mark.timeout(120)
+def test_breakable_replay_runs_breaks_on_the_live_batch(monkeypatch):
+    """The breakable stand-in is a `BreakableCudaGraphBackend` (the prefill runner's breakable data flow)
+    and runs under SGLang's breakable flag; on replay the code between `eager_on_graph` breaks reads the
+    capture batch (what a graph baked) and each break reads the batch current at replay, as on CUDA.
+    Uses SGLang's real decorator: if its wrapper stops bracketing the body with `_end_current_segment` /
+    `_begin_new_segment`, the break reads the capture batch and this fails."""
+    import types
+
+    import torch
+    from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import BreakableCudaGraphBackend
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (eager_on_graph,
+                                                                                       is_in_breakable_cuda_graph)
+    from sglang.srt.model_executor.runner_utils.forward_batch import get_forward_batch, set_forward_batch
+
+    monkeypatch.setattr("sglang.srt.runtime_context.get_parallel",
+                        lambda: types.SimpleNamespace(tp_group=types.SimpleNamespace(barrier=lambda: None)))
+    capture_batch, live_batch = types.SimpleNamespace(n=100), types.SimpleNamespace(n=1)
+    flags = []
+
+    @eager_on_graph
+    def attention(x):
+        flags.append(is_in_breakable_cuda_graph())
+        return x + get_forward_batch().n
+
+    def forward():   # as the runner's _run_forward: enters its capture batch
+        with set_forward_batch(capture_batch):
+            return attention(torch.zeros(2) + get_forward_batch().n) * 10
+
+    backend = make_backend(types.SimpleNamespace(), breakable=True)
+    assert isinstance(backend, BreakableCudaGraphBackend)
+    with backend.capture_session(None):
+        backend.capture_one("t16", forward)
+    assert backend._outputs["t16"].tolist() == [2000, 2000] and flags == [True] * 3
+    with backend.replay_session(), set_forward_batch(live_batch):
+        out = backend.replay("t16", None)
+    assert out.tolist() == [1010, 1010], "segment: capture batch (100), break: live batch (1)"
+    assert flags == [True] * 4, "SGLang's breakable flag is on during capture and re-run"
+
+
 def test_copy_into_rejects_a_changed_shape():
     import torch
 

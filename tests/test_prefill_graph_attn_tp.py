@@ -94,3 +94,73 @@ def test_without_sglangs_alignment_the_odd_bucket_stops_at_the_collective(tmp_pa
     log = failed_start_log(spec, str(tmp_path / "logs"), "Check failed")
     assert "Capturing prefill shape (num_tokens=7 " in log, "the unaligned bucket was not captured"
     assert re.search(r"Check failed: outputShape\[0\] \* worldSize == inputShape\[0\] \((8|6) vs\. 7\)", log), log[-3000:]
+
+
+# ---- 0.5.23's default prefill graph type: breakable ----------------------------------------------------------
+# SGLang's default backend and buckets: `max_bs` 32 makes SGLang's own bucket list 4, 8, ..., 32
+# (generate_prefill_cuda_graph_batch_sizes), all multiples of attn_tp 2.
+BREAKABLE = {"backend": "breakable", "max_bs": 32}
+BREAKABLE_CAPTURE = "Capture target prefill CUDA graph begin. backend=breakable, num_tokens=[4, 8, 12, 16, 20, 24, 28, 32]"
+
+
+def two_per_rank_at_once(engine, model, n=9, rounds=4) -> list:
+    """[(ids, rank, out or error text)]: rounds of one batch request per DP rank (both prompts, pinned to
+    that rank), the two sent at once, until a prefill graph replayed two requests on a rank (breakable
+    replays take live multi-request batches; the full backend's one request slot sends them eager). A
+    batch request reaches the scheduler as two requests back to back, so they prefill in one step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.engines import generate
+    from test_engine_single import prompts
+
+    texts = prompts(model)
+
+    def one(rank):
+        try:
+            return generate(engine, texts, n, routed_dp_rank=rank)
+        except Exception as e:   # noqa: BLE001 - a crashed engine answers with a dropped connection
+            return f"{type(e).__name__}: {e}"
+
+    outs = []
+    for _ in range(rounds):
+        with ThreadPoolExecutor(2) as ex:
+            answers = list(ex.map(one, (0, 1)))
+        for rank, got in zip((0, 1), answers):
+            outs += [(texts[0], rank, got)] if isinstance(got, str) else list(zip(texts, (rank, rank), got))
+        if any(isinstance(out, str) for _, _, out in outs) or multi_request_replays(engine):
+            break
+    return outs
+
+
+MULTI_REPLAY = re.compile(r" DP(\d) .*Prefill batch, #new-seq: ([2-9]|\d\d+), .*cpu graph: True")
+
+
+def multi_request_replays(engine) -> set:
+    """DP ranks whose log shows a prefill graph replay of two or more requests."""
+    from support.engines import log_text
+
+    return {int(m.group(1)) for m in MULTI_REPLAY.finditer(log_text(engine))}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)
+def test_breakable_prefill_graphs_under_dp_attention_match_transformers(engine_pool, tiny_match_model):
+    """0.5.23's default prefill path on configuration (c): SGLang's breakable runner data flow (the CPU
+    stand-in subclasses BreakableCudaGraphBackend) with SGLang's default buckets; one request per rank,
+    then two per rank in one replay. Tokens and routed experts equal transformers on both ranks."""
+    from rollout.models.reference import hf_greedy
+    from support.engines import log_text
+
+    eng = engine_pool.get("c-prefill-graphs-breakable", with_graphs(preset_c(tiny_match_model), prefill=BREAKABLE))
+    log = log_text(eng)
+    assert BREAKABLE_CAPTURE in log, log[-3000:]
+    assert "Prefill CUDA graph captured a DP gather/scatter" in log
+    outs = both_ranks_at_once(eng, tiny_match_model) + two_per_rank_at_once(eng, tiny_match_model)
+    assert prefill_replayed_on(eng) == {0, 1}, "no DP prefill replay"
+    assert multi_request_replays(eng), "no prefill replay of two requests on a rank"
+    for ids, rank, out in outs:
+        assert not isinstance(out, str), out
+        assert out["meta_info"]["dp_rank"] == rank
+        assert out["output_ids"] == hf_greedy(tiny_match_model, ids, 9)
+        assert wrong_rows(tiny_match_model, ids, out) == [], f"DP rank {rank}"

@@ -89,13 +89,84 @@ def cpu_kernels_for_cuda_only_ops(names=CUDA_ONLY_OPS, namespace="sglang") -> li
     return done
 
 
-def make_backend(cuda_graph_runner, **_options):
-    """An EagerReplayBackend for `cuda_graph_runner` (options of the CUDA backends are moot)."""
+def make_backend(cuda_graph_runner, breakable: bool = False, **_options):
+    """An eager-replay backend for `cuda_graph_runner` (options of the CUDA backends are moot);
+    `breakable`: the stand-in for SGLang's `BreakableCudaGraphBackend` (`breakable.py`)."""
     cpu_kernels_for_cuda_only_ops()
-    cls = _backend_class()
+    if breakable:
+        from .breakable import breakable_backend_class
+
+        cls = breakable_backend_class()
+    else:
+        cls = _backend_class()
     backend = cls.__new__(cls)
     backend._setup(cuda_graph_runner)
     return backend
+
+
+class EagerReplay:
+    """Capture records the forward callable and its output; replay re-runs it on the static buffers."""
+
+    def _setup(self, cuda_graph_runner) -> None:
+        self._cuda_graph_runner = cuda_graph_runner
+        self._fns = {}
+        self._outputs = {}
+        self._replayed = set()
+        self.replays = 0
+
+    @contextmanager
+    def capture_session(self, stream):
+        yield  # no graph pool, no capture stream on CPU
+
+    def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None, **_ignored):
+        # _ignored: 0.5.15.post1's `dummies` (inputs a CUDA graph keeps alive; a re-run needs none)
+        from sglang.srt.runtime_context import get_parallel
+
+        for _ in range(2):  # the CUDA backend's warm-ups: one-time setup before the recorded run
+            get_parallel().tp_group.barrier()
+            forward_fn()
+            if post_warmup_hook is not None:
+                post_warmup_hook()
+        self._outputs[shape_key] = forward_fn()
+        self._fns[shape_key] = forward_fn
+
+    def can_run(self, forward_batch, shape_key) -> bool:
+        return shape_key in self._fns
+
+    @contextmanager
+    def replay_session(self):
+        yield
+
+    @contextmanager
+    def rerun_scope(self):
+        """What a re-run runs under: capture mode, as the full graph was recorded."""
+        from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
+
+        with model_capture_mode():
+            yield
+
+    def replay(self, shape_key, static_forward_batch, **kwargs):
+        # The prefill runner points layer_model.forward at a function calling replay();
+        # the recorded callable calls layer_model.forward: undo that while re-running it.
+        layer_model = getattr(self._cuda_graph_runner, "layer_model", None)
+        redirect = layer_model.__dict__.pop("forward", None) if layer_model is not None else None
+        try:
+            with self.rerun_scope():
+                fresh = self._fns[shape_key]()
+        finally:
+            if redirect is not None:
+                layer_model.forward = redirect
+        if shape_key not in self._replayed:  # one line per graph: the replay path ran here
+            self._replayed.add(shape_key)
+            logger.warning("%s %s %s", FIRST_REPLAY, type(self._cuda_graph_runner).__name__, shape_key)
+        self.replays += 1
+        captured = self._outputs[shape_key]
+        copy_into(captured, fresh)
+        return captured
+
+    def cleanup(self) -> None:
+        self._fns.clear()
+        self._outputs.clear()
 
 
 _CLS = None
@@ -103,68 +174,9 @@ _CLS = None
 
 def _backend_class():
     global _CLS
-    if _CLS is not None:
-        return _CLS
-
-    class EagerReplayBackend(full_backend_cls()):
-        """CPU stand-in for one CUDA graph per shape: a recorded callable re-run on static buffers."""
-
-        def _setup(self, cuda_graph_runner) -> None:
-            self._cuda_graph_runner = cuda_graph_runner
-            self._fns = {}
-            self._outputs = {}
-            self._replayed = set()
-            self.replays = 0
-
-        @contextmanager
-        def capture_session(self, stream):
-            yield  # no graph pool, no capture stream on CPU
-
-        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None, **_ignored):
-            # _ignored: 0.5.15.post1's `dummies` (inputs a CUDA graph keeps alive; a re-run needs none)
-            from sglang.srt.runtime_context import get_parallel
-
-            for _ in range(2):  # the CUDA backend's warm-ups: one-time setup before the recorded run
-                get_parallel().tp_group.barrier()
-                forward_fn()
-                if post_warmup_hook is not None:
-                    post_warmup_hook()
-            self._outputs[shape_key] = forward_fn()
-            self._fns[shape_key] = forward_fn
-
-        def can_run(self, forward_batch, shape_key) -> bool:
-            return shape_key in self._fns
-
-        @contextmanager
-        def replay_session(self):
-            yield
-
-        def replay(self, shape_key, static_forward_batch, **kwargs):
-            from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
-
-            # The prefill runner points layer_model.forward at a function calling replay();
-            # the recorded callable calls layer_model.forward: undo that while re-running it.
-            layer_model = getattr(self._cuda_graph_runner, "layer_model", None)
-            redirect = layer_model.__dict__.pop("forward", None) if layer_model is not None else None
-            try:
-                with model_capture_mode():
-                    fresh = self._fns[shape_key]()
-            finally:
-                if redirect is not None:
-                    layer_model.forward = redirect
-            if shape_key not in self._replayed:  # one line per graph: the replay path ran here
-                self._replayed.add(shape_key)
-                logger.warning("%s %s %s", FIRST_REPLAY, type(self._cuda_graph_runner).__name__, shape_key)
-            self.replays += 1
-            captured = self._outputs[shape_key]
-            copy_into(captured, fresh)
-            return captured
-
-        def cleanup(self) -> None:
-            self._fns.clear()
-            self._outputs.clear()
-
-    _CLS = EagerReplayBackend
+    if _CLS is None:
+        _CLS = type("EagerReplayBackend", (EagerReplay, full_backend_cls()), {
+            "__doc__": "CPU stand-in for one CUDA graph per shape: a recorded callable re-run on static buffers."})
     return _CLS
 
 

@@ -6,8 +6,9 @@ memory pool and `device_module.graph`; and `DecodeCudaGraphRunner` asks its devi
 `is_current_stream_capturing()` (decode_cuda_graph_runner.py :658), which `torch.cpu` lacks.
 
 Fix: AROUND both resolvers: on a CPU runner return the eager-replay backend
-(`backend.EagerReplayBackend`). AFTER `BaseRunner.__init__`: give a CPU runner the device
-module stand-in (`torch.cpu` plus a capture query answering False).
+(`backend.EagerReplayBackend`; for a prefill runner asking for `breakable`, the breakable stand-in
+in `breakable.py`, so the runner takes its breakable data flow). AFTER `BaseRunner.__init__`: give
+a CPU runner the device module stand-in (`torch.cpu` plus a capture query answering False).
 """
 from sglang_patches.registry import Fix, Hook
 
@@ -22,7 +23,8 @@ def replay_backend(original, cuda_graph_runner, *args, **kwargs):
     if graphs_on() and cuda_graph_runner.model_runner.device == "cpu":
         from .backend import make_backend  # torch: imported inside the engine only
 
-        return make_backend(cuda_graph_runner)
+        breakable = getattr(cuda_graph_runner, "prefill_backend_name", None) == "breakable"
+        return make_backend(cuda_graph_runner, breakable=breakable)
     return original(cuda_graph_runner, *args, **kwargs)
 
 
