@@ -21,7 +21,7 @@ demo: venv
 
 # The test suite (CPU). The heaviest engine configurations run in `make test-e2e`.
 test: venv envs
-	SLIME_MOE_ROLLOUT_MATRIX="$(MATRIX_ENVS)" $(PY) -m pytest -m "not e2e" -q -p no:cacheprovider
+	SLIME_MOE_ROLLOUT_MATRIX="$(MATRIX_ENVS)" $(PY) -m pytest -m "not e2e" -q -p no:cacheprovider --durations=20
 	$(MAKE) --no-print-directory bench-quick
 
 test-e2e: venv
