@@ -1,11 +1,22 @@
 """The package's own weight updates (`EngineClient.update_weights`) on a real SGLang CPU engine, per path and release
-(e2e: one engine per release, 0.5.23 and 0.5.19, each from its own environment).
+(e2e: one engine per release and scenario, 0.5.23 and 0.5.19, each from its own environment).
 
-Per path, three streamed requests are in flight when the update starts: from disk (another checkpoint) and from a
-tensor (one parameter of it, serialized as slime serializes its buckets). Every request finishes with all its
-tokens (0 aborted), under the published version. On 0.5.23 the tensor update runs inside /begin_weight_update ...
-/end_weight_update (a bare one is refused there: recorded as SGLang's message); on 0.5.19 it runs without (that
-release has no sessions). This file's `__main__` is the child that runs one release's engine and prints JSON.
+Per path, three streamed requests are in flight when the update starts: from disk (another checkpoint), from a
+tensor (one parameter of it, serialized as slime serializes its buckets) and over a distributed update group
+(the base checkpoint's embedding broadcast by a trainer rank 0 in this process, as slime's
+update_weight_from_distributed.py sends it, with the gloo backend: the engine's rank joins through
+/init_weights_update_group while the trainer joins, and receives while the trainer broadcasts). Every request
+finishes with all its tokens (0 aborted), under the published version; the broadcast embedding changes the
+greedy answer. On 0.5.23 the tensor and distributed updates run inside /begin_weight_update ... /end_weight_update
+(a bare tensor update is refused there: recorded as SGLang's message); on 0.5.19 they run without (that release
+has no sessions).
+
+The draft model (preset b: NEXTN on the always-match tiny model, drafts always accepted): a distributed update of
+the MTP layer's `eh_proj` alone (the random variant's, which drafts wrong tokens) reaches the draft inside a
+session on 0.5.23 (the accept length falls) and never reaches it on 0.5.19 (the accept length stays: the draft
+is stale, sglang#34495); the target ignores MTP-layer names, so the answers stay.
+
+This file's `__main__` is the child that runs one release's engine and prints JSON.
 """
 import asyncio
 import json
@@ -20,26 +31,75 @@ from support.variant_runs import python_of
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEFORE, NEW = 4, 96
 PROMPTS = [[10 + (i * 37 + j * 11) % 180 for j in range(12)] for i in range(3)]
+PROBE = [[20 + (j * 13) % 150 for j in range(10)]]
 TENSOR = "model.embed_tokens.weight"
+EH_PROJ = "model.layers.3.eh_proj.weight"   # the MTP layer's (rollout.models.tiny: NUM_LAYERS 3); the target skips it
+GROUP = "weight-paths"
 
 
 _HELD = []   # the sent tensors: their shared memory must outlive the engine's read of it
+
+
+def _checkpoint_tensor(model_dir: str, name: str):
+    from safetensors.torch import load_file
+
+    weights = {}
+    for file in sorted(os.listdir(model_dir)):
+        if file.endswith(".safetensors"):
+            weights.update(load_file(os.path.join(model_dir, file)))
+    return weights[name]
 
 
 def _tensor_bucket(model_dir: str) -> list:
     """One serialized entry (TP 1) holding TENSOR from `model_dir`, as slime serializes a bucket (each bucket is
     read once: the engine's read releases its shared memory)."""
     import torch
-    from safetensors.torch import load_file
     from sglang.srt.utils import MultiprocessingSerializer
 
     torch.multiprocessing.set_sharing_strategy("file_system")
-    weights = {}
-    for name in sorted(os.listdir(model_dir)):
-        if name.endswith(".safetensors"):
-            weights.update(load_file(os.path.join(model_dir, name)))
-    _HELD.append(weights[TENSOR].clone())
+    _HELD.append(_checkpoint_tensor(model_dir, TENSOR).clone())
     return [MultiprocessingSerializer.serialize([(TENSOR, _HELD[-1])], output_str=True)]
+
+
+class Trainer:
+    """Rank 0 of a gloo update group with the engine's one TP rank (rank 1), as slime's
+    connect_rollout_engines_from_distributed / update_weights_from_distributed run it: the engine's HTTP call and
+    the trainer's side of the group (SGLang's own group helper, the one the engine joins with) run at once."""
+
+    def __init__(self, client, engine):
+        self.client, self.engine, self.group = client, engine, None
+
+    async def connect(self):
+        from rollout.net import free_port
+        from sglang.srt.utils import init_custom_process_group
+
+        port = free_port()
+        join = lambda: init_custom_process_group(  # noqa: E731
+            backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0, group_name=GROUP)
+        _, self.group = await asyncio.gather(
+            self.client.init_weights_update_group(self.engine, "127.0.0.1", port, 1, 2, GROUP, backend="gloo"),
+            asyncio.to_thread(join))
+
+    async def send(self, name: str, tensor, weight_version: str):
+        """One bucket of one tensor: the engine's receive call and the broadcast at once."""
+        import torch.distributed as dist
+
+        await asyncio.gather(
+            self.client.update_weights_from_distributed(self.engine, [name], [str(tensor.dtype).split(".")[-1]],
+                                                        [list(tensor.shape)], GROUP, weight_version),
+            asyncio.to_thread(dist.broadcast, tensor, 0, self.group))
+
+    async def close(self):
+        import torch.distributed as dist
+
+        await self.client.destroy_weights_update_group(self.engine, GROUP)
+        dist.destroy_process_group(self.group)
+
+
+async def _greedy(client, e, n: int) -> dict:
+    out = await client.generate(e, {"input_ids": PROBE[0], "sampling_params": {
+        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    return {"ids": out["output_ids"], "accept_length": out["meta_info"].get("spec_accept_length")}
 
 
 async def _in_flight(client, eng, update):
@@ -93,6 +153,14 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
             except EngineRejected as err:
                 out["bare_tensor"] = err.body
             out["final_version"] = await client.weight_version(e)
+            trainer = Trainer(client, e)
+            await trainer.connect()
+            out["probe_before"] = await _greedy(client, e, 8)
+            base = _checkpoint_tensor(model, TENSOR)
+            out["distributed"] = await _in_flight(client, eng, lambda: client.update_weights(
+                e, lambda: trainer.send(TENSOR, base, "5"), "5", path="distributed"))
+            out["probe_after"] = await _greedy(client, e, 8)
+            await trainer.close()
         return out
 
     try:
@@ -102,6 +170,49 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
         assert not left, f"engine processes left: {left}"
 
 
+def run_draft_child(model: str, wrong_draft: str, budget_s: float) -> dict:
+    """Preset b on `model` (always-match); the MTP layer's eh_proj of `wrong_draft` sent over the update group."""
+    import tempfile
+
+    from support.engines import preset, start_engine, stop_engine
+
+    from rollout.engines.client import EngineClient
+
+    eng = start_engine(preset("b", model, api_key=""), tempfile.mkdtemp(prefix="engine-draft-"), budget_s)
+
+    async def main():
+        out = {}
+        async with EngineClient() as client:
+            e = SimpleNamespace(name="e0", url=eng.url, api_key="")
+            out["version"] = await client.sglang_version(e)
+            trainer = Trainer(client, e)
+            await trainer.connect()
+            out["before"] = await _greedy(client, e, 24)
+            eh = _checkpoint_tensor(wrong_draft, EH_PROJ)
+            await client.update_weights(e, lambda: trainer.send(EH_PROJ, eh, "2"), "2", path="distributed")
+            out["after"] = await _greedy(client, e, 24)
+            out["final_version"] = await client.weight_version(e)
+            await trainer.close()
+        return out
+
+    try:
+        return asyncio.run(main())
+    finally:
+        left = stop_engine(eng)[1]
+        assert not left, f"engine processes left: {left}"
+
+
+def _child(variant: str, *args: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    r = subprocess.run([str(python_of(variant)), os.path.abspath(__file__), *args, "480"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=1100)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(json.dumps(out))   # the measured answers, shown by pytest -rA
+    assert out["version"] == variant
+    return out
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("variant", ["0.5.23", "0.5.19"])
@@ -109,13 +220,8 @@ def test_weight_paths_keep_requests(variant, tiny_model):
     from rollout.models.tiny import build_tiny_glm
 
     other = build_tiny_glm(path=os.path.join(os.path.dirname(tiny_model), "tiny-glm45-seed1"), seed=1)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    r = subprocess.run([str(python_of(variant)), os.path.abspath(__file__), tiny_model, other, "480"], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=1100)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["version"] == variant
-    for path, version in (("disk", "2"), ("tensor", "3")):
+    out = _child(variant, "paths", tiny_model, other)
+    for path, version in (("disk", "2"), ("tensor", "3"), ("distributed", "5")):
         at_update, answers = out[path]
         assert min(at_update) >= BEFORE and max(at_update) < NEW, (path, at_update)
         assert answers == [{"tokens": NEW, "finish": "length", "weight_version": version}] * len(PROMPTS), (path, answers)
@@ -123,8 +229,29 @@ def test_weight_paths_keep_requests(variant, tiny_model):
         assert "must run between begin_weight_update() and end_weight_update()" in out["bare_tensor"], out["bare_tensor"]
     else:
         assert out["bare_tensor"] == "accepted" and out["final_version"] == "4", out
+    # the broadcast embedding (the base checkpoint's, over the other one's) was loaded: the greedy answer changed
+    assert out["probe_after"]["ids"] != out["probe_before"]["ids"], out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("variant", ["0.5.23", "0.5.19"])
+def test_distributed_update_and_the_draft(variant, tiny_model, tiny_match_model):
+    """0.5.23: inside the session the broadcast eh_proj reaches the draft (accept length falls from the
+    always-match level); 0.5.19: the draft keeps its old eh_proj (accept length unchanged, sglang#34495). The
+    target skips MTP-layer names, so the greedy answers stay on both."""
+    out = _child(variant, "draft", tiny_match_model, tiny_model)
+    before, after = out["before"], out["after"]
+    assert out["final_version"] == "2", out
+    assert after["ids"] == before["ids"], out
+    assert before["accept_length"] >= 2.5, out
+    if variant == "0.5.23":
+        assert after["accept_length"] < 1.5, out
+    else:
+        assert after["accept_length"] == before["accept_length"], out
 
 
 if __name__ == "__main__":
     sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
-    print(json.dumps(run_child(sys.argv[1], sys.argv[2], float(sys.argv[3]))))
+    child = {"paths": run_child, "draft": run_draft_child}[sys.argv[1]]
+    print(json.dumps(child(sys.argv[2], sys.argv[3], float(sys.argv[4]))))

@@ -159,6 +159,19 @@ class EngineClient:
                         json_body={"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
                                    "flush_cache": False, "weight_version": weight_version})
 
+    async def init_weights_update_group(self, engine, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str, backend: str = "nccl") -> None:
+        """Join the engine's TP ranks (`rank_offset` ...) to the trainer's update group; answers once every rank of
+        `world_size` joined (the trainer joins as rank 0 at the same time). `backend` "gloo" for CPU engines."""
+        await self.call(engine, "POST", "/init_weights_update_group", timeout_s=WEIGHTS_S, as_json=False,
+                        json_body={"master_address": master_address, "master_port": master_port,
+                                   "rank_offset": rank_offset, "world_size": world_size, "group_name": group_name,
+                                   "backend": backend})
+
+    async def destroy_weights_update_group(self, engine, group_name: str) -> None:
+        await self.call(engine, "POST", "/destroy_weights_update_group", json_body={"group_name": group_name},
+                        timeout_s=WEIGHTS_S, as_json=False)
+
     async def begin_weight_update(self, engine) -> None:
         """Open a weight-update session on every runner, target and draft (0.5.21+)."""
         await self.call(engine, "POST", "/begin_weight_update", json_body={"selector": "all"}, timeout_s=WEIGHTS_S,
