@@ -52,72 +52,101 @@ def worker_env(slime_src: str, *paths: str) -> dict:
                                                         stubs]))
 
 
-class SlimeArm:
-    def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int,
-                 overrides: dict | None = None):
-        """`overrides`: slime arguments set over those of the config (e.g. n_samples_per_prompt)."""
+class Worker:
+    """A worker process under SLIME_PYTHON: `argv` after the interpreter, one JSON request per stdin line, its
+    answer (`parse_reply`) back; `env` is added to `worker_env(slime_src, *paths)`. `ready` is its first answer."""
+
+    def __init__(self, slime_src: str, argv: list, paths: tuple = (), env: dict | None = None):
         why = unavailable(slime_src)
         if why:
             raise SystemExit(f"error: {why}")
-        env = worker_env(slime_src)
         self.log = tempfile.NamedTemporaryFile(prefix="slime-arm-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(
-            [SLIME_PYTHON, os.path.abspath(__file__), cfg_path, model,
-             json.dumps({"rollout_max_response_len": max_new_tokens, **(overrides or {})}), *addrs],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT)
-        self.ready = self._reply()  # "slime client: SGLang X, router host:port"
+        self.proc = subprocess.Popen([SLIME_PYTHON, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env={**worker_env(slime_src, *paths), **(env or {})},
+                                     cwd=ROOT)
+        self.ready = self._reply()
 
     def _reply(self) -> dict:
+        said = []   # its other stdout lines (attach_slime's "[FAILED] ..." among them)
         while True:
             line = self.proc.stdout.readline()
             if not line:
                 self.proc.wait(10)
                 with open(self.log.name) as f:
                     tail = f.read()[-3000:]
-                raise RuntimeError(f"slime arm worker exited (rc {self.proc.returncode}):\n{tail}")
+                raise RuntimeError(f"slime arm worker exited (rc {self.proc.returncode}):\n{tail}"
+                                   + "".join(said[-5:]))
             out = parse_reply(line)
             if out is not None:
                 return out
+            said.append(line)
+
+    def ask(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+class SlimeArm(Worker):
+    def __init__(self, slime_src: str, cfg_path: str, model: str, addrs: list, max_new_tokens: int,
+                 overrides: dict | None = None):
+        """`overrides`: slime arguments set over those of the config (e.g. n_samples_per_prompt)."""
+        super().__init__(slime_src, [os.path.abspath(__file__), cfg_path, model,
+                                     json.dumps({"rollout_max_response_len": max_new_tokens, **(overrides or {})}),
+                                     *addrs])   # ready: "slime client: SGLang X, router host:port"
 
     def answer(self, prompts: list, rollout_id: int, budgets: list | None = None) -> dict:
         """One generate_rollout of `prompts`: seconds inside it, groups returned, tokens generated,
         prompt_tokens and cached_tokens summed over every sample. `budgets`: per prompt, each sample's
         own max_new_tokens (see `_worker`)."""
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "rollout_id": rollout_id, "budgets": budgets}) + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
+        return self.ask({"prompts": prompts, "rollout_id": rollout_id, "budgets": budgets})
 
     def rollout(self, prompts: list, rollout_id: int) -> tuple:
         """(seconds inside slime's generate_rollout, tokens generated, groups returned)."""
         out = self.answer(prompts, rollout_id)
         return out["seconds"], out["tokens"], out["groups"]
 
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+
+def say(**kw):
+    """A worker's answer line (read by `parse_reply`)."""
+    print("SLIME-ARM " + json.dumps(kw), flush=True)
+
+
+def say_error(e: BaseException, prefix: str = "") -> None:
+    say(error=f"{prefix}{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+
+
+def start_client(cfg_path: str, model: str, overrides: dict, addrs: list):
+    """Under SLIME_PYTHON: slime's args for the config (`overrides` over them), then slime's own start-up against
+    the engines at `addrs` (`check_against_slime.attach_slime`: its HTTP client, its router, one
+    `SGLangEngine.init` per engine). Returns (args, the ready line)."""
+    import sglang
+    from check_against_slime import attach_slime, slime_args
+
+    from training_configs.schema import load_config
+
+    args = slime_args(load_config(cfg_path), model, addrs)
+    vars(args).update(overrides)
+    infos = attach_slime(args, addrs)
+    return args, (f"slime client: SGLang {sglang.__version__}, router {args.sglang_router_ip}:"
+                  f"{args.sglang_router_port}, {len(infos)} engine(s)")
 
 
 def _worker(cfg_path, model, overrides, addrs):
     """Runs under SLIME_PYTHON: slime's router, engine registration and generate_rollout."""
     import time
 
-    import sglang
-    from check_against_slime import slime_args
-    from slime.backends.sglang_utils import external, sglang_engine
-    from slime.ray.rollout import _start_router
     from slime.rollout import sglang_rollout
-    from slime.utils import http_utils
     from slime.utils.types import Sample
-
-    from training_configs.schema import load_config
-
-    def say(**kw):
-        print("SLIME-ARM " + json.dumps(kw), flush=True)
 
     class Prompts:
         """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, n samples each. With
@@ -141,24 +170,12 @@ def _worker(cfg_path, model, overrides, addrs):
             pass
 
     try:
-        args = slime_args(load_config(cfg_path), model, addrs)
-        vars(args).update(overrides)
-        http_utils.init_http_client(args)
-        infos = external.discover_external_engines(addrs)
-        args.rollout_num_gpus = sum(i.num_gpus for i in infos)
-        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
-        sglang_engine.accelerator.resolve_visible_device_id = int  # FAKE of slime's GPU-id mapping (needs CUDA)
-        for rank, info in enumerate(infos):
-            sglang_engine.SGLangEngine(args, rank, worker_type=info.worker_type, base_gpu_id=0,
-                                       num_gpus_per_engine=info.num_gpus).init(
-                **external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
-                router_port=args.sglang_router_port)
+        args, ready = start_client(cfg_path, model, overrides, addrs)
         state = sglang_rollout.GenerateState(args)
         state.sampling_params["ignore_eos"] = True
-        say(ready=f"slime client: SGLang {sglang.__version__}, router "
-                  f"{args.sglang_router_ip}:{args.sglang_router_port}, {len(infos)} engine(s)")
+        say(ready=ready)
     except Exception as e:
-        say(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        say_error(e)
         return 1
     for line in sys.stdin:
         req = json.loads(line)

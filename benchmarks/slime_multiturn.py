@@ -33,16 +33,14 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from _slime_arm import SLIME_PYTHON, parse_reply, unavailable  # noqa: E402
+from _slime_arm import Worker, say, say_error, start_client, unavailable  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 
 BENCH = "slime_multiturn"
@@ -70,7 +68,8 @@ def turn_budget_range(mean: int) -> tuple:
 
 async def three_turns(args, sample, sampling_params):
     """A custom generate function as slime's examples write one: 3 turns, a tool observation (loss mask 0)
-    between them. Each turn's meta_info counts go to `sample.metadata["turns"]`."""
+    between them. Each turn's meta_info counts go to `sample.metadata["turns"]`: [turn, prompt_tokens,
+    cached_tokens, tokens generated, when, NEXTN verify steps]."""
     from slime.utils.http_utils import post
 
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
@@ -84,7 +83,7 @@ async def three_turns(args, sample, sampling_params):
         meta = out["meta_info"]
         new = [t for _, t, _ in meta["output_token_logprobs"]]
         turns.append([turn, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0), len(new),
-                      time.monotonic()])
+                      time.monotonic(), int(meta.get("spec_verify_ct") or 0)])
         ids += new
         mask += [1] * len(new)
         logprobs += [lp for lp, _, _ in meta["output_token_logprobs"]]
@@ -109,13 +108,15 @@ async def awaiting_reward(args, sample):
 # ------------------------------------------------------------------ figures and judging
 def summarise(step: dict) -> dict:
     """One step's figures from the worker's answer: prefilled tokens per turn, tokens/s, step seconds."""
-    turns = step["turns"]
-    prefilled = sum(p - c for _, p, c, _, _ in turns) + step.get("primer_prefilled", 0)
-    gen_s = max(t for *_, t in turns)
-    return {"prefill_per_turn": prefilled / len(turns), "tokens_per_s": sum(n for _, _, _, n, _ in turns) / gen_s,
-            "step_s": step["seconds"], "turns": len(turns),
-            "ends": [max(t for k, *_, t in turns if k == i) for i in range(TURNS)],
-            "by_turn": [sum(p - c for k, p, c, _, _ in turns if k == i) / max(1, sum(k == i for k, *_ in turns))
+    turns = [list(t[:5]) + [t[5] if len(t) > 5 else 0] for t in step["turns"]]
+    prefilled = sum(p - c for _, p, c, *_ in turns) + step.get("primer_prefilled", 0)
+    gen_s = max(t[4] for t in turns)
+    tokens, verified = sum(t[3] for t in turns), sum(t[5] for t in turns)
+    return {"prefill_per_turn": prefilled / len(turns), "tokens_per_s": tokens / gen_s,
+            "step_s": step["seconds"], "turns": len(turns), "cpu_s": step.get("cpu_s"),
+            "per_verify": tokens / verified if verified else None,   # NEXTN: tokens per decode step of a sample
+            "ends": [max(t[4] for t in turns if t[0] == i) for i in range(TURNS)],
+            "by_turn": [sum(t[1] - t[2] for t in turns if t[0] == i) / max(1, sum(t[0] == i for t in turns))
                         for i in range(TURNS)]}
 
 
@@ -123,9 +124,12 @@ def report(res: dict) -> None:
     """Judge ours / slime's on the mean of each arm's steps."""
     mean = lambda arm, k: sum(s[k] for s in res[arm]) / len(res[arm])  # noqa: E731
     for arm in ("ours", "slime"):
+        pv = [s["per_verify"] for s in res[arm] if s["per_verify"]]
         fact(BENCH, f"{arm}: prefilled per turn {mean(arm, 'prefill_per_turn'):.1f} tokens, "
                     f"{mean(arm, 'tokens_per_s'):.1f} tokens/s, step {mean(arm, 'step_s'):.2f} s "
-                    f"({len(res[arm])} step(s))")
+                    f"({len(res[arm])} step(s)); NEXTN tokens per verify step "
+                    f"{f'{sum(pv) / len(pv):.2f}' if pv else 'not reported'}; client CPU "
+                    f"{sum(s['cpu_s'] or 0 for s in res[arm]) / len(res[arm]):.2f} s per step")
     judge(BENCH, "prefill_per_turn", mean("ours", "prefill_per_turn") / mean("slime", "prefill_per_turn"))
     judge(BENCH, "tokens_per_s", mean("ours", "tokens_per_s") / mean("slime", "tokens_per_s"))
     judge(BENCH, "step_time", mean("ours", "step_s") / mean("slime", "step_s"))
@@ -137,51 +141,14 @@ def prompts(groups: int, system: list, user_len: int, seed: int) -> list:
     return [system + [rng.randrange(3, 300) for _ in range(user_len)] for _ in range(groups)]
 
 
-class Worker:
-    """Both arms under SLIME_PYTHON (this file with --worker): one JSON request per line, one answer back."""
-
-    def __init__(self, a, cfg_path, model, addrs):
-        stubs = tempfile.mkdtemp(prefix="slime-multiturn-stubs-")
-        os.makedirs(os.path.join(stubs, "wandb"))
-        with open(os.path.join(stubs, "wandb", "__init__.py"), "w") as f:
-            f.write('"""STUB (benchmarks/slime_multiturn.py): wandb is not installed; slime only imports it."""\n')
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "scripts"), HERE, a.slime_src,
-                                                          stubs]),
-                   **{REWARD_ENV: str(a.reward_s), OBS_ENV: str(a.obs_len)})
-        self.log = tempfile.NamedTemporaryFile(prefix="slime-multiturn-", suffix=".log", delete=False)
-        overrides = {"n_samples_per_prompt": GROUP, "sglang_server_concurrency": 16,
-                     "use_rollout_routing_replay": False,   # PyPI's sglang-router drops them: neither arm asks
-                     "rollout_max_response_len": a.turn_tokens, "custom_generate_function_path": f"{BENCH}.three_turns",
-                     "custom_rm_path": f"{BENCH}.awaiting_reward"}
-        self.proc = subprocess.Popen([SLIME_PYTHON, os.path.abspath(__file__), "--worker", cfg_path, model,
-                                      json.dumps(overrides), *addrs], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, env=env, cwd=ROOT)
-        self.ready = self.reply()["ready"]
-
-    def reply(self) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                self.proc.wait(10)
-                with open(self.log.name) as f:
-                    raise RuntimeError(f"worker exited (rc {self.proc.returncode}):\n{f.read()[-3000:]}")
-            out = parse_reply(line)
-            if out is not None:
-                return out
-
-    def step(self, arm: str, groups: list, rollout_id: int) -> dict:
-        self.proc.stdin.write(json.dumps({"arm": arm, "prompts": groups, "rollout_id": rollout_id}) + "\n")
-        self.proc.stdin.flush()
-        return self.reply()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def start_worker(a, cfg_path, model, addrs) -> Worker:
+    """Both arms under SLIME_PYTHON (this file with --worker, `_slime_arm.Worker`): one step per request."""
+    overrides = {"n_samples_per_prompt": GROUP, "sglang_server_concurrency": 16,
+                 "use_rollout_routing_replay": False,   # PyPI's sglang-router drops them: neither arm asks
+                 "rollout_max_response_len": a.turn_tokens, "custom_generate_function_path": f"{BENCH}.three_turns",
+                 "custom_rm_path": f"{BENCH}.awaiting_reward"}
+    return Worker(a.slime_src, [os.path.abspath(__file__), "--worker", cfg_path, model, json.dumps(overrides), *addrs],
+                  paths=(HERE,), env={REWARD_ENV: str(a.reward_s), OBS_ENV: str(a.obs_len)})
 
 
 def run(a) -> dict:
@@ -204,12 +171,13 @@ def run(a) -> dict:
         worker = None
         try:
             addrs = [e.url.split("://", 1)[1] for e in mgr.source.engines.values()]
-            worker = await asyncio.to_thread(Worker, a, preset_path("c"), model, addrs)
-            print(f"  {worker.ready}", file=sys.stderr, flush=True)
+            worker = await asyncio.to_thread(start_worker, a, preset_path("c"), model, addrs)
+            print(f"  {worker.ready['ready']}", file=sys.stderr, flush=True)
 
             async def one(arm, seed, counted, r=0):
                 await _flush(mgr, 600.0)   # health probes keep a request pending on a loaded machine
-                out = await asyncio.to_thread(worker.step, arm, prompts(a.groups, system, a.user_len, seed), seed)
+                out = await asyncio.to_thread(worker.ask, {"arm": arm, "rollout_id": seed,
+                                                           "prompts": prompts(a.groups, system, a.user_len, seed)})
                 assert out["groups"] == a.groups and len(out["turns"]) == a.groups * GROUP * TURNS, out
                 fig = summarise(out)
                 if counted:
@@ -217,8 +185,9 @@ def run(a) -> dict:
                 print(f"  {arm:5s} {'round ' + str(r) if counted else 'warm-up'}: prefilled per turn "
                       f"{fig['prefill_per_turn']:.1f} (turns 1-3: {', '.join(f'{x:.1f}' for x in fig['by_turn'])}"
                       f"{', primers ' + str(out['primer_prefilled']) if arm == 'ours' else ''}), "
-                      f"{fig['tokens_per_s']:.1f} tokens/s, turns done at "
-                      f"{', '.join(f'{x:.1f}' for x in fig['ends'])} s, step {fig['step_s']:.2f} s", flush=True)
+                      f"{fig['tokens_per_s']:.1f} tokens/s ({fig['per_verify'] or 0:.2f} per verify step), turns "
+                      f"done at {', '.join(f'{x:.1f}' for x in fig['ends'])} s, step {fig['step_s']:.2f} s, client CPU "
+                      f"{fig['cpu_s'] or 0:.2f} s", flush=True)
             for w in range(a.warmups):
                 for i, arm in enumerate(("ours", "slime")):
                     await one(arm, 7 + 2 * w + i, False)
@@ -233,22 +202,22 @@ def run(a) -> dict:
     return res
 
 
+def client_cpu() -> float:
+    """CPU seconds of this process and its children (slime's router): the client side of either arm, which
+    shares the machine's cores with the CPU engine."""
+    import psutil
+
+    me = psutil.Process()
+    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
+
+
 def _worker(cfg_path, model, overrides, addrs) -> int:
     """Runs under SLIME_PYTHON: slime's router and engine registration, then each step of either arm."""
-    import sglang
-    from check_against_slime import slime_args
-    from slime.backends.sglang_utils import external, sglang_engine
-    from slime.ray.rollout import _start_router
     from slime.rollout import sglang_rollout
-    from slime.utils import http_utils
     from slime.utils.types import Sample
 
     import rollout.slime as plugin
     from rollout.slime.state import STATE
-    from training_configs.schema import load_config
-
-    def say(**kw):
-        print("SLIME-ARM " + json.dumps(kw), flush=True)
 
     class Prompts:
         """STAND-IN for slime's RolloutDataSource: the benchmark's prompt ids, GROUP samples each."""
@@ -265,23 +234,11 @@ def _worker(cfg_path, model, overrides, addrs) -> int:
             pass
 
     try:
-        args = slime_args(load_config(cfg_path), model, addrs)
-        vars(args).update(overrides)
-        http_utils.init_http_client(args)
-        infos = external.discover_external_engines(addrs)
-        args.rollout_num_gpus = sum(i.num_gpus for i in infos)
-        args.sglang_router_ip, args.sglang_router_port = _start_router(args)
-        sglang_engine.accelerator.resolve_visible_device_id = int  # FAKE of slime's GPU-id mapping (needs CUDA)
-        for rank, info in enumerate(infos):
-            sglang_engine.SGLangEngine(args, rank, worker_type=info.worker_type, base_gpu_id=0,
-                                       num_gpus_per_engine=info.num_gpus).init(
-                **external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
-                router_port=args.sglang_router_port)
+        args, ready = start_client(cfg_path, model, overrides, addrs)
         os.environ["SLIME_MOE_ROLLOUT_CONFIG"] = cfg_path
-        say(ready=f"slime client: SGLang {sglang.__version__}, router {args.sglang_router_ip}:"
-                  f"{args.sglang_router_port}, {len(infos)} engine(s)")
+        say(ready=ready)
     except Exception as e:
-        say(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        say_error(e)
         return 1
     for line in sys.stdin:
         req = json.loads(line)
@@ -289,18 +246,18 @@ def _worker(cfg_path, model, overrides, addrs) -> int:
         source = Prompts(req["prompts"], args.n_samples_per_prompt)
         placement = lambda: getattr(getattr(STATE.backend, "dispatcher", None), "placement", None)  # noqa: E731
         primed0 = placement().primer_prefilled if placement() else 0
-        t0 = time.monotonic()
+        cpu0, t0 = client_cpu(), time.monotonic()
         try:
             fn = plugin.generate_rollout if req["arm"] == "ours" else sglang_rollout.generate_rollout
             out = fn(args, req["rollout_id"], source)
         except Exception as e:
-            say(error=f"{req['arm']}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            say_error(e, f"{req['arm']}: ")
             return 1
-        dt = time.monotonic() - t0
+        dt, cpu = time.monotonic() - t0, client_cpu() - cpu0
         samples = [s for g in out.samples for s in g]
         primed = (placement().primer_prefilled - primed0) if req["arm"] == "ours" and placement() else 0
-        say(seconds=dt, groups=len(out.samples), primer_prefilled=primed,
-            turns=[t[:4] + [t[4] - t0] for s in samples for t in s.metadata["turns"]],
+        say(seconds=dt, cpu_s=cpu, groups=len(out.samples), primer_prefilled=primed,
+            turns=[t[:4] + [t[4] - t0] + t[5:] for s in samples for t in s.metadata["turns"]],
             rewards=sorted({s.reward for s in samples}))
     plugin.reset()
     return 0

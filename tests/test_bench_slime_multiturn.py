@@ -85,6 +85,9 @@ def test_figures_count_primers_and_a_worse_arm_misses(bench, capsys):
     ours = bench.summarise({"seconds": 3.0, "primer_prefilled": 480, "turns": turns(290)})
     assert ours["prefill_per_turn"] == (48 * 10 + 480) / 48 == 20.0
     assert ours["tokens_per_s"] == 48 * 16 / 2.0 and ours["by_turn"] == [10.0, 10.0, 10.0]
+    assert ours["per_verify"] is None   # an answer without NEXTN's spec_verify_ct
+    spec = bench.summarise({"seconds": 3.0, "turns": [t + [8] for t in turns(290)]})
+    assert spec["per_verify"] == 2.0 and spec["tokens_per_s"] == ours["tokens_per_s"]
     slime = bench.summarise({"seconds": 2.0, "turns": turns(250)})
     bench.report({"ours": [ours], "slime": [slime]})
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ": ratio " in ln]
