@@ -109,3 +109,13 @@ def test_dry_run_judges_every_target_and_without_slime_says_why(bench):
                          text=True, timeout=60, env=env)
     assert off.returncode == 0 and "not run: no slime checkout given" in off.stdout, off.stdout + off.stderr
     assert spec["engine"] is True and spec["slime_src"] is True
+
+
+def test_the_benchmarks_own_manager_does_not_probe_inside_the_timed_steps(bench):
+    """The tiny config probes every 2 s: a one-token /generate inside every arm's ~13 s step, unless raised."""
+    from rollout import config as rconfig
+
+    cfg = rconfig.load("c")
+    assert cfg.rollout.health.interval_s < 13
+    bench.quiet_probes(cfg)
+    assert cfg.rollout.health.interval_s >= bench.PROBE_S >= 60
