@@ -73,10 +73,12 @@ def install_counters() -> None:
 
 
 class Prompts:
-    """STAND-IN for slime's RolloutDataSourceWithBuffer (see the module doc); `handed` fresh groups given."""
+    """STAND-IN for slime's RolloutDataSourceWithBuffer (see the module doc); `handed` fresh groups given, `dry`
+    the calls before `closed` that got fewer groups than asked because the prompts ran out."""
 
     def __init__(self, prompts, n):
         self.prompts, self.n, self.handed, self.buffer, self.closed = list(prompts), n, 0, [], False
+        self.dry = 0
 
     def get_samples(self, k):
         from slime.utils.types import Sample
@@ -86,6 +88,7 @@ class Prompts:
             out.append([Sample(group_index=g, index=g * self.n + j, prompt="", tokens=list(self.prompts[g]))
                         for j in range(self.n)])
             self.handed += 1
+        self.dry += len(out) < k and not self.closed
         return out
 
     def add_samples(self, groups):
@@ -176,6 +179,7 @@ class StandInRolloutManager:
 
     def report(self):
         return {"steps": self.steps, "drained": self.drained, "handed": self.data_source.handed,
+                "dry": self.data_source.dry,
                 "delivered": self.delivered, "tally": dict(TALLY), "dead": sorted(self.dead)}
 
 

@@ -6,8 +6,13 @@ the engines from disk at every step (pause with an empty body, flush, `update_we
 checkpoint with a new `weight_version`, continue), slime's router and `SGLangEngine` actors; STAND-INs only
 where Megatron and slime's launcher cannot run (benchmarks/_slime_loop.py says which). Each version's checkpoint
 is the near-tie model with its router weights perturbed (`--perturb`, seeded by the version): every update
-changes the routing. Arms (same prompts, sampling, `--steps`, `--groups` of 2 samples, `--train-s` of stand-in
-training per step, `--concurrency` per engine):
+changes the routing. Arms (same prompts, sampling, `--steps`, `--groups` of 2 samples, the stand-in's training
+per step, `--concurrency` per engine). The training per step is `--train-frac` of the sync arm's generation per
+step (its calls after the first; `--train-s` sets it instead): shorter than generation, as where generation is
+the bottleneck that fully async hides, so each fully-async update has requests in flight (with training longer
+than generation a one-batch-deep pool has finished its next batch and sits idle at every update, and there is
+nothing to keep or abort); a fully-async loop's wait per step cannot fall below 1 - train-frac of sync's. The
+sync arm runs first:
   ours        train_async.py + `rollout.slime.generate_rollout_fully_async` (no staleness bound, as slime's;
               `--lag` sets one), an engine with the weight-update-pause fix (retract: in-flight requests kept);
   sync        train.py + slime's own `slime.rollout.sglang_rollout.generate_rollout`, the same engine;
@@ -69,6 +74,12 @@ def trainer_wait(res: dict) -> tuple:
     return (end - start - busy) / max(1, len(train) - 1), first
 
 
+def sync_generation(res: dict) -> float:
+    """The median seconds of the sync arm's generate calls after the first."""
+    took = sorted(b - a for a, b in (s["t"] for s in res["steps"][1:]))
+    return took[len(took) // 2]
+
+
 def per_update(res: dict) -> dict:
     """Tokens per loop update with work in flight (the updates after the first)."""
     n = max(1, len(res["updates"]) - 1)
@@ -87,8 +98,10 @@ def once(res: dict) -> int:
 
 
 def report(res: dict, k3: dict) -> None:
-    ours, sync, sa = res["ours"], res["sync"], res["slime-async"]
-    tok = {arm: per_update(res[arm]) for arm in ("ours", "slime-async")}
+    if "train_s" in res:
+        fact(BENCH, f"stand-in training per step {res['train_s']:.2f} s; sync's generation per step "
+                    f"{sync_generation(res['sync']):.2f} s (median after the first)")
+    tok = {arm: per_update(res[arm]) for arm in ("ours", "slime-async", "off")}
     for arm, t in tok.items():
         fact(BENCH, f"{arm}: per update ({t['updates']}): {t['retracted']:.1f} answers kept through it "
                     f"(retracted, resumed), {t['aborted_answers']:.1f} answers aborted holding "
@@ -128,6 +141,9 @@ def report(res: dict, k3: dict) -> None:
         lags = [s["metrics"].get("rollout/stale_groups", 0) or 0 for s in res[arm]["steps"]]
         if any(lags):
             fact(BENCH, f"{arm}: stale groups regenerated per call {lags}")
+        if res[arm].get("dry"):
+            fact(BENCH, f"{arm}: the data source ran out of prompts {res[arm]['dry']} times before the loop ended "
+                        f"(its later updates had less in flight: see prompt_count)")
 
 
 # ------------------------------------------------------------------ the run
@@ -231,12 +247,19 @@ async def warm(engines, max_new_tokens: int) -> None:
             await asyncio.gather(*(one(e.url) for e in engines for _ in range(batch)))
 
 
+def prompt_count(steps: int, groups: int, concurrency: int, engines: int = 2) -> int:
+    """Prompts for one arm: its steps' groups plus the most a fully-async pool takes ahead of the trainer (slime's
+    worker: `concurrency` x engines groups in flight and as many finished ones queued; ours fewer), so no pool runs
+    dry before the loop's last update (a dry pool has nothing in flight to keep or abort there)."""
+    return steps * groups + 2 * concurrency * engines + groups
+
+
 def run(a, model: str, ckpts: str, work: str) -> dict:
     from sglang_patches.fixes.weight_update_pause import ENV as PAUSE_ENV
     from sglang_patches.registry import DISABLE_ENV
 
     rng = random.Random(0)
-    n_prompts = a.steps * a.groups + a.groups
+    n_prompts = prompt_count(a.steps, a.groups, a.concurrency)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(4, 12))] for _ in range(n_prompts)]
     res: dict = {}
 
@@ -244,7 +267,7 @@ def run(a, model: str, ckpts: str, work: str) -> dict:
         disk = os.path.join(work, f"disk-{arm}")
         os.makedirs(disk, exist_ok=True)
         base = {"arm": arm, "loop": loop, "fn": fn, "addrs": addrs, "config": CONFIG, "model": model,
-                "ckpts": ckpts, "disk_dir": disk, "steps": a.steps, "groups": a.groups, "train_s": a.train_s,
+                "ckpts": ckpts, "disk_dir": disk, "steps": a.steps, "groups": a.groups, "train_s": res["train_s"],
                 "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency, "prompts": prompts,
                 "r3": fn == OURS, "kill_delay_s": a.kill_delay_s, "kill_notice_s": a.kill_notice_s,
                 "overrides": {"max_weight_version_lag": a.lag} if fn == OURS and a.lag is not None else {}}
@@ -259,9 +282,13 @@ def run(a, model: str, ckpts: str, work: str) -> dict:
                 engines = list(mgr.source.engines.values())
                 await warm(engines, a.max_new_tokens)
                 addrs = [e.url.split("://", 1)[1] for e in engines]
+                res["train_s"] = a.train_s if a.train_s is not None else 1.0   # sync's wait does not depend on it
+                res["sync"] = await asyncio.to_thread(worker.arm, spec("sync", "train", SLIME_SYNC, addrs[:1]))
+                if a.train_s is None:
+                    res["train_s"] = a.train_frac * sync_generation(res["sync"])
+                print(f"  stand-in training per step: {res['train_s']:.2f} s", flush=True)
                 res["ours"] = await asyncio.to_thread(worker.arm, spec("ours", "train_async", OURS, addrs[:1],
                                                                        dump=os.path.join(work, "ours.jsonl")))
-                res["sync"] = await asyncio.to_thread(worker.arm, spec("sync", "train", SLIME_SYNC, addrs[:1]))
                 res["kill"] = await asyncio.to_thread(worker.arm, spec(
                     "kill", "train_async", OURS, addrs, kill_after_update=1, kill_engine=1,
                     kill_pids=engines[1].tree_pids(), overrides={"max_weight_version_lag": a.kill_lag}))
@@ -347,11 +374,13 @@ DRY_K3 = {"ours": {"span": 0.00041, "rest": 0.0004, "span_tokens": 900, "rest_to
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=5, help="training steps per arm (a weight update after each)")
+    ap.add_argument("--steps", type=int, default=6, help="training steps per arm (a weight update after each)")
     ap.add_argument("--groups", type=int, default=4, help="groups per step (rollout_batch_size), 2 samples each")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=8, help="sglang_server_concurrency (per engine)")
-    ap.add_argument("--train-s", type=float, default=2.5, help="the stand-in trainer's seconds per step")
+    ap.add_argument("--train-s", type=float, default=None, help="the stand-in trainer's seconds per step (default: "
+                    "--train-frac of the sync arm's generation per step)")
+    ap.add_argument("--train-frac", type=float, default=0.8, help="training per step / the sync arm's generation")
     ap.add_argument("--lag", type=int, default=None, help="ours' max_weight_version_lag (default none, as slime's "
                     "fully-async has none)")
     ap.add_argument("--kill-lag", type=int, default=1, help="the kill arm's max_weight_version_lag")
@@ -363,10 +392,11 @@ def main(argv=None) -> int:
                     help="a slime checkout (default: $SLIME_SRC); every arm runs slime's loops")
     ap.add_argument("--dry", action="store_true", help="judge recorded figures (no engine, no slime)")
     a = ap.parse_args(argv)
-    if min(a.steps, a.groups, a.max_new_tokens, a.concurrency) < 2 or a.train_s < 0 or (a.lag or 0) < 0 \
+    if min(a.steps, a.groups, a.max_new_tokens, a.concurrency) < 2 or (a.train_s or 0) < 0 or (a.lag or 0) < 0 \
+            or not 0 < a.train_frac <= 1 \
             or a.kill_lag < 0 or a.perturb < 0:
-        ap.error("--steps, --groups, --max-new-tokens, --concurrency must be >= 2; --train-s, --lag, --kill-lag, "
-                 "--perturb >= 0")
+        ap.error("--steps, --groups, --max-new-tokens, --concurrency must be >= 2; --train-frac in (0, 1]; "
+                 "--train-s, --lag, --kill-lag, --perturb >= 0")
     if a.dry:
         fact(BENCH, "dry run: recorded figures, no engine")
         report(DRY, DRY_K3)
@@ -382,9 +412,13 @@ def main(argv=None) -> int:
     ckpts = os.path.join(work, "ckpts")
     perturbed(model, ckpts, a.steps + 2, a.perturb)
     print(f"{BENCH}: near-tie CPU engines, {a.steps} steps x {a.groups} groups x 2 samples x {a.max_new_tokens} "
-          f"tokens, {a.train_s:g} s stand-in training per step, router weights + N(0, {a.perturb:g}) per version; "
+          f"tokens, stand-in training per step " + (f"{a.train_s:g} s" if a.train_s is not None else
+                                                     f"{a.train_frac:g} x sync's generation") +
+          f", router weights + N(0, {a.perturb:g}) per version; "
           f"work in {work}", flush=True)
     res = run(a, model, ckpts, work)
+    with open(os.path.join(work, "figures.json"), "w") as f:   # kept should the replay fail
+        json.dump({"res": res}, f)
     k3 = {arm: replay_k3(model, ckpts, os.path.join(work, f"{arm}.jsonl")) for arm in ("ours", "off")}
     with open(os.path.join(work, "figures.json"), "w") as f:
         json.dump({"res": res, "k3": k3}, f)

@@ -70,3 +70,16 @@ def test_dry_run_judges_every_target_and_without_slime_says_why(bench):
     bad = subprocess.run([sys.executable, os.path.join(BENCH, "fully_async_update.py"), "--steps", "1"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "--steps" in bad.stderr.splitlines()[-1]
+
+
+def test_no_pool_runs_out_of_prompts_before_the_last_update(bench, capsys):
+    """slime's fully-async worker takes up to concurrency x engines groups in flight and as many finished ones
+    ahead of the trainer: with only the steps' groups (and one more batch) every pool ran dry by the third call of
+    a real run, and the later updates had nothing in flight (an arm with no sample spanning an update)."""
+    for steps, groups, concurrency in ((5, 4, 8), (2, 2, 2), (8, 16, 4)):
+        slime_ahead = 2 * concurrency * 2   # two engines (the kill arm)
+        assert bench.prompt_count(steps, groups, concurrency) >= steps * groups + slime_ahead
+    res, k3 = copy.deepcopy(bench.DRY), copy.deepcopy(bench.DRY_K3)
+    res["slime-async"]["dry"] = 3
+    bench.report(res, k3)
+    assert "slime-async: the data source ran out of prompts 3 times before the loop ended" in capsys.readouterr().out
