@@ -11,8 +11,7 @@ per step, `--concurrency` per engine). The training per step is `--train-frac` o
 step (its calls after the first; `--train-s` sets it instead): shorter than generation, as where generation is
 the bottleneck that fully async hides, so each fully-async update has requests in flight (with training longer
 than generation a one-batch-deep pool has finished its next batch and sits idle at every update, and there is
-nothing to keep or abort); a fully-async loop's wait per step cannot fall below 1 - train-frac of sync's. The
-sync arm runs first:
+nothing to keep or abort). The sync arm runs first. Arms:
   ours        train_async.py + `rollout.slime.generate_rollout_fully_async` (no staleness bound, as slime's;
               `--lag` sets one), an engine with the weight-update-pause fix (retract: in-flight requests kept);
   sync        train.py + slime's own `slime.rollout.sglang_rollout.generate_rollout`, the same engine;
