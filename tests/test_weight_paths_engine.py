@@ -11,10 +11,11 @@ greedy answer. On 0.5.23 the tensor and distributed updates run inside /begin_we
 (a bare tensor update is refused there: recorded as SGLang's message); on 0.5.19 they run without (that release
 has no sessions).
 
-The draft model (preset b: NEXTN on the always-match tiny model, drafts always accepted): a distributed update of
-the MTP layer's `eh_proj` alone (the random variant's, which drafts wrong tokens) reaches the draft inside a
-session on 0.5.23 (the accept length falls) and never reaches it on 0.5.19 (the accept length stays: the draft
-is stale, sglang#34495); the target ignores MTP-layer names, so the answers stay.
+The draft model (preset b: NEXTN on the always-match tiny model, drafts always accepted), judged by the accept
+length: the MTP layer's `eh_proj` from the random variant (which drafts wrong tokens) sent from a tensor reaches
+the draft on both releases; the right one broadcast back over the update group reaches it inside a session on
+0.5.23 and never on 0.5.19 (the draft stays wrong: sglang#34495). The target ignores MTP-layer names, so the
+answers stay.
 
 This file's `__main__` is the child that runs one release's engine and prints JSON.
 """
@@ -50,15 +51,15 @@ def _checkpoint_tensor(model_dir: str, name: str):
     return weights[name]
 
 
-def _tensor_bucket(model_dir: str) -> list:
-    """One serialized entry (TP 1) holding TENSOR from `model_dir`, as slime serializes a bucket (each bucket is
+def _tensor_bucket(model_dir: str, name: str = TENSOR) -> list:
+    """One serialized entry (TP 1) holding `name` from `model_dir`, as slime serializes a bucket (each bucket is
     read once: the engine's read releases its shared memory)."""
     import torch
     from sglang.srt.utils import MultiprocessingSerializer
 
     torch.multiprocessing.set_sharing_strategy("file_system")
-    _HELD.append(_checkpoint_tensor(model_dir, TENSOR).clone())
-    return [MultiprocessingSerializer.serialize([(TENSOR, _HELD[-1])], output_str=True)]
+    _HELD.append(_checkpoint_tensor(model_dir, name).clone())
+    return [MultiprocessingSerializer.serialize([(name, _HELD[-1])], output_str=True)]
 
 
 class Trainer:
@@ -66,16 +67,21 @@ class Trainer:
     connect_rollout_engines_from_distributed / update_weights_from_distributed run it: the engine's HTTP call and
     the trainer's side of the group (SGLang's own group helper, the one the engine joins with) run at once."""
 
+    TIMEOUT_S = 120   # gloo's collectives wait 30 min by default: a refused update would hang the broadcast
+
     def __init__(self, client, engine):
         self.client, self.engine, self.group = client, engine, None
 
     async def connect(self):
+        from datetime import timedelta
+
         from rollout.net import free_port
         from sglang.srt.utils import init_custom_process_group
 
         port = free_port()
         join = lambda: init_custom_process_group(  # noqa: E731
-            backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0, group_name=GROUP)
+            backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0, group_name=GROUP,
+            timeout=timedelta(seconds=self.TIMEOUT_S))
         _, self.group = await asyncio.gather(
             self.client.init_weights_update_group(self.engine, "127.0.0.1", port, 1, 2, GROUP, backend="gloo"),
             asyncio.to_thread(join))
@@ -171,7 +177,8 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
 
 
 def run_draft_child(model: str, wrong_draft: str, budget_s: float) -> dict:
-    """Preset b on `model` (always-match); the MTP layer's eh_proj of `wrong_draft` sent over the update group."""
+    """Preset b on `model` (always-match): the MTP layer's eh_proj of `wrong_draft` from a tensor, then `model`'s
+    own eh_proj over the update group; the greedy answer and its accept length after each."""
     import tempfile
 
     from support.engines import preset, start_engine, stop_engine
@@ -188,9 +195,12 @@ def run_draft_child(model: str, wrong_draft: str, budget_s: float) -> dict:
             trainer = Trainer(client, e)
             await trainer.connect()
             out["before"] = await _greedy(client, e, 24)
-            eh = _checkpoint_tensor(wrong_draft, EH_PROJ)
-            await client.update_weights(e, lambda: trainer.send(EH_PROJ, eh, "2"), "2", path="distributed")
-            out["after"] = await _greedy(client, e, 24)
+            wrong = lambda: client.update_weights_from_tensor(e, _tensor_bucket(wrong_draft, EH_PROJ), "2")  # noqa: E731
+            await client.update_weights(e, wrong, "2", path="tensor")
+            out["tensor"] = await _greedy(client, e, 24)
+            eh = _checkpoint_tensor(model, EH_PROJ)
+            await client.update_weights(e, lambda: trainer.send(EH_PROJ, eh, "3"), "3", path="distributed")
+            out["distributed"] = await _greedy(client, e, 24)
             out["final_version"] = await client.weight_version(e)
             await trainer.close()
         return out
@@ -237,18 +247,19 @@ def test_weight_paths_keep_requests(variant, tiny_model):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("variant", ["0.5.23", "0.5.19"])
 def test_distributed_update_and_the_draft(variant, tiny_model, tiny_match_model):
-    """0.5.23: inside the session the broadcast eh_proj reaches the draft (accept length falls from the
-    always-match level); 0.5.19: the draft keeps its old eh_proj (accept length unchanged, sglang#34495). The
-    target skips MTP-layer names, so the greedy answers stay on both."""
+    """A wrong eh_proj from a tensor reaches the draft on both releases (the accept length falls from the
+    always-match level); the right one broadcast back reaches it inside a session on 0.5.23 (the accept length
+    returns) and never on 0.5.19 (the draft stays wrong: sglang#34495). The target skips MTP-layer names, so the
+    greedy answers stay throughout (speculative decoding keeps the target's tokens)."""
     out = _child(variant, "draft", tiny_match_model, tiny_model)
-    before, after = out["before"], out["after"]
-    assert out["final_version"] == "2", out
-    assert after["ids"] == before["ids"], out
-    assert before["accept_length"] >= 2.5, out
+    before, tensor, distributed = out["before"], out["tensor"], out["distributed"]
+    assert out["final_version"] == "3", out
+    assert before["ids"] == tensor["ids"] == distributed["ids"], out
+    assert before["accept_length"] >= 2.5 and tensor["accept_length"] < 1.5, out
     if variant == "0.5.23":
-        assert after["accept_length"] < 1.5, out
+        assert distributed["accept_length"] >= 2.5, out
     else:
-        assert after["accept_length"] == before["accept_length"], out
+        assert distributed["accept_length"] == tensor["accept_length"], out
 
 
 if __name__ == "__main__":
