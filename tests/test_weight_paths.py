@@ -74,3 +74,27 @@ def test_unknown_path_is_one_line():
                                            ("0.5.23", True), ("", False)])
 def test_has_weight_sessions(version, want):
     assert has_weight_sessions(version) is want
+
+
+def test_update_group_calls():
+    """The group join carries its backend (gloo for CPU engines; SGLang's default is nccl) and waits as long as a
+    weight update (it answers once every rank joined)."""
+    from rollout.engines.client import WEIGHTS_S
+
+    client, calls = EngineClient(), []
+
+    async def call(engine, method, route, *, json_body=None, timeout_s=None, **kw):
+        calls.append((route, json_body, timeout_s))
+        return ""
+
+    client.call = call
+
+    async def run():
+        await client.init_weights_update_group(ENGINE, "10.0.0.1", 29500, 1, 5, "g", backend="gloo")
+        await client.destroy_weights_update_group(ENGINE, "g")
+
+    asyncio.run(run())
+    assert calls == [("/init_weights_update_group", {"master_address": "10.0.0.1", "master_port": 29500,
+                                                     "rank_offset": 1, "world_size": 5, "group_name": "g",
+                                                     "backend": "gloo"}, WEIGHTS_S),
+                     ("/destroy_weights_update_group", {"group_name": "g"}, WEIGHTS_S)]
