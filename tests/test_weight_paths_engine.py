@@ -8,8 +8,8 @@ update_weight_from_distributed.py sends it, with the gloo backend: the engine's 
 /init_weights_update_group while the trainer joins, and receives while the trainer broadcasts). Every request
 finishes with all its tokens (0 aborted), under the published version; the broadcast embedding changes the
 greedy answer. On 0.5.23 the tensor and distributed updates run inside /begin_weight_update ... /end_weight_update
-(a bare tensor update is refused there: recorded as SGLang's message); on 0.5.19 they run without (that release
-has no sessions).
+(a bare tensor or distributed update is refused there: recorded as SGLang's message); on 0.5.19 they run without
+(that release has no sessions).
 
 The draft model (preset b: NEXTN on the always-match tiny model, drafts always accepted), judged by the accept
 length: the MTP layer's `eh_proj` from the random variant (which drafts wrong tokens) sent from a tensor reaches
@@ -139,7 +139,7 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
 
     from support.engines import preset, start_engine, stop_engine
 
-    from rollout.engines.client import EngineClient
+    from rollout.engines.client import EngineClient, has_weight_sessions
     from rollout.errors import EngineRejected
 
     eng = start_engine(preset("a", model, api_key=""), tempfile.mkdtemp(prefix="engine-paths-"), budget_s)
@@ -166,6 +166,12 @@ def run_child(model: str, other: str, budget_s: float) -> dict:
             out["distributed"] = await _in_flight(client, eng, lambda: client.update_weights(
                 e, lambda: trainer.send(TENSOR, base, "5"), "5", path="distributed"))
             out["probe_after"] = await _greedy(client, e, 8)
+            if has_weight_sessions(out["version"]):   # refused before it receives: no broadcast needed
+                try:
+                    await client.update_weights_from_distributed(e, [TENSOR], ["bfloat16"], [[1]], GROUP, "6")
+                    out["bare_distributed"] = "accepted"
+                except EngineRejected as err:
+                    out["bare_distributed"] = err.body
             await trainer.close()
         return out
 
@@ -235,8 +241,9 @@ def test_weight_paths_keep_requests(variant, tiny_model):
         at_update, answers = out[path]
         assert min(at_update) >= BEFORE and max(at_update) < NEW, (path, at_update)
         assert answers == [{"tokens": NEW, "finish": "length", "weight_version": version}] * len(PROMPTS), (path, answers)
-    if variant == "0.5.23":   # outside a session SGLang refuses a tensor update
-        assert "must run between begin_weight_update() and end_weight_update()" in out["bare_tensor"], out["bare_tensor"]
+    if variant == "0.5.23":   # outside a session SGLang refuses a tensor or distributed update
+        for bare in ("bare_tensor", "bare_distributed"):
+            assert "must run between begin_weight_update() and end_weight_update()" in out[bare], out
     else:
         assert out["bare_tensor"] == "accepted" and out["final_version"] == "4", out
     # the broadcast embedding (the base checkpoint's, over the other one's) was loaded: the greedy answer changed
