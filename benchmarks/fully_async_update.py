@@ -42,7 +42,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from _slime_arm import SLIME_PYTHON, parse_reply, unavailable, worker_env  # noqa: E402
+from _slime_arm import Worker, unavailable  # noqa: E402
 from _targets import fact, finish, judge  # noqa: E402
 
 BENCH = "fully_async_update"
@@ -170,45 +169,20 @@ def perturbed(base: str, out: str, versions: int, std: float) -> None:
         save_file(new, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
 
 
-class SlimeLoop:
+class SlimeLoop(Worker):
     """benchmarks/_slime_loop.py under SLIME_PYTHON: one arm per request line, its answer back."""
 
     def __init__(self, slime_src: str):
-        env = worker_env(slime_src, HERE)
-        env["SLIME_MOE_ROLLOUT_CONFIG"] = CONFIG
-        self.log = tempfile.NamedTemporaryFile(prefix="slime-loop-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([SLIME_PYTHON, os.path.join(HERE, "_slime_loop.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT)
-        self.ready = self.reply()["ready"]
-
-    def reply(self) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                self.proc.wait(10)
-                with open(self.log.name) as f:
-                    raise RuntimeError(f"slime loop worker exited (rc {self.proc.returncode}):\n{f.read()[-4000:]}")
-            out = parse_reply(line)
-            if out is not None:
-                return out
+        super().__init__(slime_src, [os.path.join(HERE, "_slime_loop.py")], paths=(HERE,),
+                         env={"SLIME_MOE_ROLLOUT_CONFIG": CONFIG})
+        self.ready = self.ready["ready"]
 
     def arm(self, spec: dict) -> dict:
         t0 = time.monotonic()
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.flush()
-        out = self.reply()
+        out = self.ask(spec)
         print(f"  {spec['arm']}: {time.monotonic() - t0:.0f} s, {len(out['steps'])} steps, "
               f"{len(out['updates'])} updates, tally {out['tally']}", flush=True)
         return out
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def fleet_config(arms: dict):
