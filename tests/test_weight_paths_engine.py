@@ -134,88 +134,84 @@ async def _in_flight(client, eng, update):
                         "weight_version": b["meta_info"].get("weight_version")} for b in last]
 
 
-def run_child(model: str, other: str, budget_s: float) -> dict:
-    import tempfile
-
-    from support.engines import preset, start_engine, stop_engine
-
-    from rollout.engines.client import EngineClient, has_weight_sessions
-    from rollout.errors import EngineRejected
-
-    eng = start_engine(preset("a", model, api_key=""), tempfile.mkdtemp(prefix="engine-paths-"), budget_s)
-
-    async def main():
-        out = {}
-        async with EngineClient() as client:
-            e = SimpleNamespace(name="e0", url=eng.url, api_key="")   # what the client reads of an engine
-            out["version"] = await client.sglang_version(e)
-            disk = lambda: client.update_weights_from_disk(e, other, "2")  # noqa: E731
-            out["disk"] = await _in_flight(client, eng, lambda: client.update_weights(e, disk, "2", path="disk"))
-            tensor = lambda: client.update_weights_from_tensor(e, _tensor_bucket(other), "3")  # noqa: E731
-            out["tensor"] = await _in_flight(client, eng, lambda: client.update_weights(e, tensor, "3", path="tensor"))
-            try:
-                await client.update_weights_from_tensor(e, _tensor_bucket(other), "4")
-                out["bare_tensor"] = "accepted"
-            except EngineRejected as err:
-                out["bare_tensor"] = err.body
-            out["final_version"] = await client.weight_version(e)
-            trainer = Trainer(client, e)
-            await trainer.connect()
-            out["probe_before"] = await _greedy(client, e, 8)
-            base = _checkpoint_tensor(model, TENSOR)
-            out["distributed"] = await _in_flight(client, eng, lambda: client.update_weights(
-                e, lambda: trainer.send(TENSOR, base, "5"), "5", path="distributed"))
-            out["probe_after"] = await _greedy(client, e, 8)
-            if has_weight_sessions(out["version"]):   # refused before it receives: no broadcast needed
-                try:
-                    await client.update_weights_from_distributed(e, [TENSOR], ["bfloat16"], [[1]], GROUP, "6")
-                    out["bare_distributed"] = "accepted"
-                except EngineRejected as err:
-                    out["bare_distributed"] = err.body
-            await trainer.close()
-        return out
-
-    try:
-        return asyncio.run(main())
-    finally:
-        left = stop_engine(eng)[1]
-        assert not left, f"engine processes left: {left}"
-
-
-def run_draft_child(model: str, wrong_draft: str, budget_s: float) -> dict:
-    """Preset b on `model` (always-match): the MTP layer's eh_proj of `wrong_draft` from a tensor, then `model`'s
-    own eh_proj over the update group; the greedy answer and its accept length after each."""
+def _on_engine(preset_name: str, model: str, prefix: str, budget_s: float, scenario) -> dict:
+    """`await scenario(client, eng, e)` on a fresh engine of `preset_name` (`e`: what the client reads of an
+    engine); the engine is stopped after it, no process of it left."""
     import tempfile
 
     from support.engines import preset, start_engine, stop_engine
 
     from rollout.engines.client import EngineClient
 
-    eng = start_engine(preset("b", model, api_key=""), tempfile.mkdtemp(prefix="engine-draft-"), budget_s)
+    eng = start_engine(preset(preset_name, model, api_key=""), tempfile.mkdtemp(prefix=prefix), budget_s)
 
     async def main():
-        out = {}
         async with EngineClient() as client:
-            e = SimpleNamespace(name="e0", url=eng.url, api_key="")
-            out["version"] = await client.sglang_version(e)
-            trainer = Trainer(client, e)
-            await trainer.connect()
-            out["before"] = await _greedy(client, e, 24)
-            wrong = lambda: client.update_weights_from_tensor(e, _tensor_bucket(wrong_draft, EH_PROJ), "2")  # noqa: E731
-            await client.update_weights(e, wrong, "2", path="tensor")
-            out["tensor"] = await _greedy(client, e, 24)
-            eh = _checkpoint_tensor(model, EH_PROJ)
-            await client.update_weights(e, lambda: trainer.send(EH_PROJ, eh, "3"), "3", path="distributed")
-            out["distributed"] = await _greedy(client, e, 24)
-            out["final_version"] = await client.weight_version(e)
-            await trainer.close()
-        return out
+            return await scenario(client, eng, SimpleNamespace(name="e0", url=eng.url, api_key=""))
 
     try:
         return asyncio.run(main())
     finally:
         left = stop_engine(eng)[1]
         assert not left, f"engine processes left: {left}"
+
+
+def run_child(model: str, other: str, budget_s: float) -> dict:
+    from rollout.engines.client import has_weight_sessions
+    from rollout.errors import EngineRejected
+
+    async def scenario(client, eng, e):
+        out = {}
+        out["version"] = await client.sglang_version(e)
+        disk = lambda: client.update_weights_from_disk(e, other, "2")  # noqa: E731
+        out["disk"] = await _in_flight(client, eng, lambda: client.update_weights(e, disk, "2", path="disk"))
+        tensor = lambda: client.update_weights_from_tensor(e, _tensor_bucket(other), "3")  # noqa: E731
+        out["tensor"] = await _in_flight(client, eng, lambda: client.update_weights(e, tensor, "3", path="tensor"))
+        try:
+            await client.update_weights_from_tensor(e, _tensor_bucket(other), "4")
+            out["bare_tensor"] = "accepted"
+        except EngineRejected as err:
+            out["bare_tensor"] = err.body
+        out["final_version"] = await client.weight_version(e)
+        trainer = Trainer(client, e)
+        await trainer.connect()
+        out["probe_before"] = await _greedy(client, e, 8)
+        base = _checkpoint_tensor(model, TENSOR)
+        out["distributed"] = await _in_flight(client, eng, lambda: client.update_weights(
+            e, lambda: trainer.send(TENSOR, base, "5"), "5", path="distributed"))
+        out["probe_after"] = await _greedy(client, e, 8)
+        if has_weight_sessions(out["version"]):   # refused before it receives: no broadcast needed
+            try:
+                await client.update_weights_from_distributed(e, [TENSOR], ["bfloat16"], [[1]], GROUP, "6")
+                out["bare_distributed"] = "accepted"
+            except EngineRejected as err:
+                out["bare_distributed"] = err.body
+        await trainer.close()
+        return out
+
+    return _on_engine("a", model, "engine-paths-", budget_s, scenario)
+
+
+def run_draft_child(model: str, wrong_draft: str, budget_s: float) -> dict:
+    """Preset b on `model` (always-match): the MTP layer's eh_proj of `wrong_draft` from a tensor, then `model`'s
+    own eh_proj over the update group; the greedy answer and its accept length after each."""
+    async def scenario(client, eng, e):
+        out = {}
+        out["version"] = await client.sglang_version(e)
+        trainer = Trainer(client, e)
+        await trainer.connect()
+        out["before"] = await _greedy(client, e, 24)
+        wrong = lambda: client.update_weights_from_tensor(e, _tensor_bucket(wrong_draft, EH_PROJ), "2")  # noqa: E731
+        await client.update_weights(e, wrong, "2", path="tensor")
+        out["tensor"] = await _greedy(client, e, 24)
+        eh = _checkpoint_tensor(model, EH_PROJ)
+        await client.update_weights(e, lambda: trainer.send(EH_PROJ, eh, "3"), "3", path="distributed")
+        out["distributed"] = await _greedy(client, e, 24)
+        out["final_version"] = await client.weight_version(e)
+        await trainer.close()
+        return out
+
+    return _on_engine("b", model, "engine-draft-", budget_s, scenario)
 
 
 def _child(variant: str, *args: str) -> dict:

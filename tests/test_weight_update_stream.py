@@ -269,6 +269,13 @@ def test_serve_flags(tmp_path, capsys):
     assert err.startswith(f"error: --control-port {taken}: cannot bind 127.0.0.1:{taken}") and len(err.splitlines()) == 1
 
 
+def _six_groups_once(out) -> list:
+    """The run's rows: 6 groups, each written once."""
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and len({r["group_id"] for r in rows}) == 6, [r["group_id"] for r in rows]
+    return rows
+
+
 # ---------------------------------------------------------------- run --weight-update
 
 def _run_config(tmp_path):
@@ -307,8 +314,7 @@ def test_run_weight_update_mid_run_rows_carry_spans(tmp_path, monkeypatch, capsy
         eng.stop()
     err = capsys.readouterr().err
     assert rc == 0, err[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 6 and len({r["group_id"] for r in rows}) == 6
+    rows = _six_groups_once(out)
     samples = [s for r in rows for s in r["samples"]]
     assert {(s["attempts"], s["resumes"], s["response_len"]) for s in samples} == {(1, 0, NEW)}
     assert _check_spans(samples)
@@ -346,8 +352,7 @@ def test_run_staleness_bound_regenerates_groups_older_than_the_lag(tmp_path, mon
         eng.stop()
     err = capsys.readouterr().err
     assert rc == 0, err[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(r["group_id"] for r in rows) == sorted({r["group_id"] for r in rows}) and len(rows) == 6
+    rows = _six_groups_once(out)
     versions = [{x["version"] for s in r["samples"] for x in s["weight_version_spans"]} for r in rows]
     assert all(len(v) == 1 for v in versions) and versions[-1] == {"1"}, versions
     assert re.search(r"stale groups\W+[1-9]\d* regenerated, 0 dropped", err), err[-2000:]
@@ -401,8 +406,7 @@ def test_resume_applies_the_recorded_update_before_any_group(tmp_path, monkeypat
         eng.stop()
     err = capsys.readouterr().err
     assert rc == 0, err[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 6 and len({r["group_id"] for r in rows}) == 6
+    rows = _six_groups_once(out)
     assert all(s["weight_version_spans"] == [{"version": "1", "start": 0, "end": NEW}]
                for r in rows[3:] for s in r["samples"]), [r["samples"][0]["weight_version_spans"] for r in rows[3:]]
     assert "1 after 2 groups" in err
