@@ -245,6 +245,8 @@ class RolloutManager:
                     for s in runs:
                         if s.status is SampleStatus.ABORTED:
                             s.resumes += 1
+                    if self.dispatcher.placement is not None:   # every runnable sample will ask
+                        self.dispatcher.placement.expect(group.group_id, len(runs))
                     await (run(group) if run else asyncio.gather(*(self.dispatcher.run(s) for s in runs)))
                 unfinished = any(s.status.runnable for s in group.samples)
                 if full.is_set() or self.dispatcher.closed_reason or unfinished:

@@ -26,7 +26,10 @@ with one rank gets no `routed_dp_rank`.
 Prefill once: samples that reach a rank together are prefilled together in one batch before the
 cache holds their prompt (SGLang's default `fcfs` policy checks no in-batch prefix), so a fresh
 group's samples wait for one zero-token request of the prompt on their rank (what SGLang's own
-parallel sampling does); a primer that fails is not retried, the samples go anyway.
+parallel sampling does); a primer that fails is not retried, the samples go anyway. Without word of
+a group the first sample decides one loop tick after it is placed (siblings started with it have taken
+their seats); a caller whose samples arrive one request at a time (slime's custom generate functions,
+through the loopback front) announces the group with `expect` first, so its first request primes.
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ class Placement:
         self.current: dict[str, tuple] = {}      # sample id -> (key, cost, group id if seated) of its attempt
         self.primed = self.primer_failures = self.primer_prefilled = 0   # primers sent, failed; tokens they prefilled
         self.primer_at: collections.Counter = collections.Counter()       # key -> tokens its primers prefilled
+        self.expected: collections.OrderedDict[str, int] = collections.OrderedDict()   # group id -> samples coming
 
     # ---------------------------------------------------------------- engines
     def admit(self, engine: str, dp_ranks: Optional[int]) -> None:
@@ -94,6 +98,13 @@ class Placement:
         return key[1] if self.dp.get(key[0], 1) > 1 else None
 
     # ---------------------------------------------------------------- placing
+    def expect(self, group_id: str, samples: int) -> None:
+        """`samples` of group `group_id` will ask, though maybe not in the same loop tick."""
+        self.expected.pop(group_id, None)
+        self.expected[group_id] = samples
+        while len(self.expected) > self.max_groups:
+            self.expected.popitem(last=False)
+
     def place(self, sample, cost: int, avoid=()) -> Optional[Key]:
         """The admitted (engine, rank) of `sample`'s next attempt (None when no engine is admitted).
         Asked again before the attempt is sent it gives the same answer while that engine is admitted;
@@ -152,7 +163,7 @@ class Placement:
         if not keys:
             return None
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))
-        n = self.group_size
+        n = self.expected.get(sample.group_id) or self.group_size
         parts = min(len(keys), math.ceil(n / per_rank))
         # min-max: the least predicted load left (the ranks step together), then the least served
         load = self.ranks
@@ -203,7 +214,9 @@ class Placement:
             sent = group.primers[key] = asyncio.Event()
             try:
                 await asyncio.sleep(0)           # siblings started with it take their seats first
-                if group.sizes[key] - group.seats.get(key, 0) >= 2:   # a lone sample needs no primer
+                coming = group.sizes[key] if self.expected.get(sample.group_id, 0) >= 2 else \
+                    group.sizes[key] - group.seats.get(key, 0)
+                if coming >= 2:                  # a lone sample needs no primer
                     await self._prime(prime, key)
             finally:
                 sent.set()

@@ -109,6 +109,27 @@ def test_custom_generate_function_runs_for_every_sample_and_turn_on_one_worker(t
     assert out.metrics["rollout/custom_generate_requests"] == 8
 
 
+async def late_two_turns(args, sample, sampling_params):
+    """`two_turns` after some work of its own first (a tool set up, a file read): the second sample of a
+    group sends its first turn well after the first sample's."""
+    await asyncio.sleep(0.1 * (sample.index % 2))
+    return await two_turns(args, sample, sampling_params)
+
+
+def test_a_group_whose_samples_ask_one_by_one_is_primed_once(two_workers):
+    """The front's requests of a group come one by one; the group is announced to placement, so its first
+    request primes the prompt on the group's rank. Without the word the first request saw no sibling seated and
+    sent no primer (then each sibling arriving during the first one's prefill is prefilled again)."""
+    slime_adapter.reset()
+    slime_adapter.set_tokenizer(None)
+    args = _args(two_workers.port, custom_generate_function_path=f"{__name__}.late_two_turns",
+                 use_rollout_routing_replay=False, rollout_batch_size=2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    out = slime_adapter.generate_rollout(args, 1, StandInDataSource(prompts, 2))
+    assert len(out.samples) == 2
+    assert sorted(tuple(b["input_ids"]) for w in two_workers.ws for b in w.primers) == sorted(map(tuple, prompts))
+
+
 def _decode_routes(meta, rows):
     import base64
     import numpy as np
