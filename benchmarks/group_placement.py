@@ -193,17 +193,22 @@ async def _stats(session, engines):
 
 async def _dispatcher_arm(client, engines, dp, work, n, concurrency, placed):
     from rollout.dispatch import Dispatcher
+    from rollout.inflight import InFlight, bound
     from rollout.placement import Placement
 
     d = Dispatcher(client, {"max_new_tokens": 16}, concurrency,
                    placement=Placement(n, concurrency) if placed else None)
     for e in engines:
         await d.admit(e, dp_ranks=dp)
-    gate = asyncio.Semaphore(max(1, concurrency * len(engines) // n) * 2)   # the manager's group gate
+    gate = InFlight(bound(concurrency, len(engines), n))   # the manager's bound on unfinished samples
+
+    async def one(s):
+        await d.run(s)
+        gate.leave(1)
 
     async def group(g):
-        async with gate:
-            await asyncio.gather(*(d.run(s) for s in g.samples))
+        await gate.enter(len(g.samples))
+        await asyncio.gather(*(one(s) for s in g.samples))
     await asyncio.gather(*(group(g) for g in work))
     return d.resent
 

@@ -12,6 +12,8 @@ Partial rollout: when `batch_size` groups are delivered, the remaining requests 
 their groups kept, with tokens so far, for the next `rollout()` call (they are continued first).
 Group ids are `<run_id>-g<n>` (`run_id` random unless given), unique across managers and runs;
 `new_group(prompt, index=i)` fixes `n` (`run --resume` re-creates the same ids).
+Groups start while the unfinished samples of started groups stay within twice the engines' slots
+(`rollout/inflight.py`): a group's straggler does not hold the next group back.
 One sample outside any group, with its own sampling params: `generate(sample, sampling)`. Unfinished
 groups kept for the next step: `carried`, `drop_carried()`.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from rollout.engines.client import EngineClient
 from rollout.engines.fleet import ManagedFleet
 from rollout.engines.source import EngineSource
 from rollout.errors import EnginesLost, WeightVersionError
+from rollout.inflight import InFlight, bound
 from rollout.placement import Placement
 from rollout.routed_experts import MoELayout
 from rollout.types import EngineEvent, Event, Group, Sample, SampleStatus, group_id
@@ -232,11 +234,17 @@ class RolloutManager:
         full = asyncio.Event()
         resent0, unrouted0 = self.dispatcher.resent, self.dispatcher.unrouted_aborts
         engines = max(1, self.source.planned, len(self.dispatcher.slots))
-        limit = max(1, math.ceil(self.options.concurrency * engines / self.n_samples)) * 2
-        gate = asyncio.Semaphore(limit)
+        gate = InFlight(bound(self.options.concurrency, engines, self.n_samples))
         leftovers: list[Group] = []
 
-        async def run_group(group: Group):
+        async def run_group(group: Group, counted: int):
+            async def one(s):
+                nonlocal counted
+                await self.dispatcher.run(s)
+                if counted and not s.status.runnable:   # finished: the next group may start
+                    counted -= 1
+                    gate.leave(1)
+
             try:
                 while True:
                     runs = [s for s in group.samples if s.status.runnable]
@@ -247,7 +255,7 @@ class RolloutManager:
                             s.resumes += 1
                     if self.dispatcher.placement is not None:   # every runnable sample will ask
                         self.dispatcher.placement.expect(group.group_id, len(runs))
-                    await (run(group) if run else asyncio.gather(*(self.dispatcher.run(s) for s in runs)))
+                    await (run(group) if run else asyncio.gather(*(one(s) for s in runs)))
                 unfinished = any(s.status.runnable for s in group.samples)
                 if full.is_set() or self.dispatcher.closed_reason or unfinished:
                     leftovers.append(group)
@@ -273,7 +281,7 @@ class RolloutManager:
                             # stragglers return with their tokens so far
                             await self.dispatcher.abort(self.source.abort_to)
             finally:
-                gate.release()
+                gate.leave(counted)
 
         tasks: list = []
         more: list = []        # refills, started by the loop below
@@ -281,12 +289,13 @@ class RolloutManager:
 
         async def start(groups):
             for group in groups:
-                await gate.acquire()
+                k = max(1, sum(s.status.runnable for s in group.samples))
+                await gate.enter(k)
                 if full.is_set():
-                    gate.release()
+                    gate.leave(k)
                     leftovers.append(group)
                     continue
-                tasks.append(asyncio.create_task(run_group(group)))
+                tasks.append(asyncio.create_task(run_group(group, k)))
 
         async def run_all():
             await start(todo)

@@ -514,3 +514,42 @@ def test_long_runs_keep_bounded_memory():
         mgr.source.events.log("s-0", EngineEvent.DEAD, str(i))
     assert len(mgr.events) == 5 and [e.detail for e in mgr.events_since(10)] == ["10", "11"]
     assert HealthMonitor(None, None, 1, 1, history=3).history.maxlen == 3
+
+
+
+def test_a_groups_straggler_does_not_hold_back_the_next_groups():
+    """Groups of 4 with one long sample each on one engine of 4 slots. The manager bounds the unfinished
+    samples of started groups (twice the slots), not the groups: once the first two groups' short samples
+    are answered, a third group starts beside their stragglers. The stand-in holds each straggler until a
+    third group's request arrives (10 s at most). With a bound of two groups the third started only after
+    a straggler's answer, while the slots beside the stragglers idled."""
+    import time
+
+    async def go():
+        backend = StandinBackend()
+        async with make_manager(n_engines=1, n_samples=4, concurrency=4, backend=backend) as mgr:
+            eng, events = backend.started[0], []
+            plain = eng._generate
+
+            async def held(request):
+                body = await request.json()   # aiohttp keeps the body: the stand-in reads it again
+                events.append(("request", body["input_ids"][0]))
+                if body["sampling_params"]["max_new_tokens"] == 30:   # a straggler
+                    end = time.monotonic() + 10
+                    while ("request", 7) not in events and time.monotonic() < end:
+                        await asyncio.sleep(0.01)
+                    events.append(("straggler answered", body["input_ids"][0]))
+                return await plain(request)
+            eng._generate = held
+            groups = [mgr.new_group(p) for p in prompts(4)]   # group i's prompt starts with 5 + i
+            for g in groups:
+                g.samples[0].max_new_tokens = 30
+                for s in g.samples[1:]:
+                    s.max_new_tokens = 2
+            res = await mgr.rollout(groups, GroupStream(maxsize=100), batch_size=4)
+            return res, events
+
+    res, events = asyncio.run(go())
+    assert res.delivered == 4
+    first_answer = next(i for i, e in enumerate(events) if e[0] == "straggler answered")
+    assert ("request", 7) in events[:first_answer], f"the third group started after a straggler's answer: {events}"
