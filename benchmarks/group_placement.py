@@ -209,7 +209,7 @@ async def _dispatcher_arm(client, engines, dp, work, n, concurrency, placed):
     async def group(g):
         await gate.enter(len(g.samples))
         await asyncio.gather(*(one(s) for s in g.samples))
-    await asyncio.gather(*(group(g) for g in work))
+    await asyncio.gather(*(group(g) for g in d.longest_first(work)))   # the manager's start order
     return d.resent
 
 

@@ -165,6 +165,16 @@ class Dispatcher:
         key = self.placement.place(sample, self._cost(sample), self.engines.suspects())
         return key and key[0]
 
+    def longest_first(self, groups: list) -> list:
+        """`groups` in the order placement balances best (with a placement): the most predicted tokens
+        first (the prompt once, then every sample's remaining budget), so the small groups placed last fill
+        the ranks level (longest-processing-time-first); without a placement, as given."""
+        if self.placement is None:
+            return list(groups)
+        def tokens(g):
+            return len(g.prompt_ids) + sum(self._cost(s) - len(s.prompt_ids) for s in g.samples if s.status.runnable)
+        return sorted(groups, key=tokens, reverse=True)
+
     def _take(self, name: Optional[str] = None) -> Optional[EngineEntry]:
         """A free slot (see `EngineTable.take`), taken, or None; when only suspect slots are free, the
         waiters are woken as the first pause ends."""

@@ -223,12 +223,18 @@ class RolloutManager:
         `run(group)`: generates a group instead of the dispatcher's one request per sample (a caller whose
         requests reach `generate` another way: slime's custom generate functions); it leaves the statuses.
 
+        With group placement and every group to be delivered, the fresh groups start longest first
+        (`Dispatcher.longest_first`); with over-sampling they start as given (which ones finish first
+        decides the batch, as in slime's rollout).
+
         Groups still running when the batch is full are aborted and kept for the next call, under the
         same ids (with partial_rollout with their tokens so far; otherwise started again from the prompt).
         """
-        todo = self.carry + [p if isinstance(p, Group) else self.new_group(p) for p in prompts]
-        self.carry = []
-        batch_size = batch_size or len(todo)
+        fresh = [p if isinstance(p, Group) else self.new_group(p) for p in prompts]
+        batch_size = batch_size or len(self.carry) + len(fresh)
+        if batch_size >= len(self.carry) + len(fresh):   # every group is delivered: start them longest first
+            fresh = self.dispatcher.longest_first(fresh)
+        todo, self.carry = self.carry + fresh, []
         res = RolloutResult()
         t0 = time.monotonic()
         full = asyncio.Event()

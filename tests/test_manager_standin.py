@@ -553,3 +553,18 @@ def test_a_groups_straggler_does_not_hold_back_the_next_groups():
     assert res.delivered == 4
     first_answer = next(i for i, e in enumerate(events) if e[0] == "straggler answered")
     assert ("request", 7) in events[:first_answer], f"the third group started after a straggler's answer: {events}"
+
+
+def test_every_group_batch_starts_longest_first_and_an_over_sampled_one_as_given():
+    """With every group to be delivered the manager starts the groups longest first (placement levels the
+    ranks best so); with over-sampling (fewer to deliver than started) in the order given: which groups
+    finish first decides the batch, as in slime's rollout."""
+    async def go(batch_size):
+        backend = StandinBackend()
+        async with make_manager(n_engines=1, n_samples=2, concurrency=2, max_new_tokens=2, backend=backend) as mgr:
+            ps = [[5] * 3, [6] * 9, [7] * 5]
+            await mgr.rollout(ps, GroupStream(maxsize=100), batch_size=batch_size)
+            firsts = [r["input_ids"][0] for r in backend.started[0].requests if len(r["input_ids"]) > 1]
+            return list(dict.fromkeys(firsts))   # prompts in the order they first reached the engine
+    assert asyncio.run(go(3)) == [6, 7, 5]
+    assert asyncio.run(go(1))[0] == 5

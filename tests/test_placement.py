@@ -268,6 +268,26 @@ def test_an_announced_group_primes_though_its_siblings_ask_later():
     assert asyncio.run(go(False))[0] == []                       # the old rule: no primer at all
 
 
+def test_groups_started_longest_first_leave_the_ranks_level():
+    """Placed together in the order given, two small groups then a large one load one rank with 10 + 20 and
+    the other with 10 prompt tokens; the manager starts every-group batches longest first (`longest_first`),
+    which places the large one alone and the two small ones together: level."""
+    def loads(groups):
+        p = Placement(2, 64)
+        p.admit("e", 2)
+        for g in groups:
+            for s in g.samples:
+                p.place(s, len(s.prompt_ids) + 1)
+        return sorted(v.outstanding for v in p.ranks.values())
+    groups = [Group.fresh(f"g{i}", list(range(n)), 2) for i, n in enumerate((10, 10, 20))]
+    d = Dispatcher(None, {"max_new_tokens": 1}, capacity=64, placement=Placement(2, 64))
+    ordered = d.longest_first(groups)
+    assert [len(g.prompt_ids) for g in ordered] == [20, 10, 10]
+    assert loads(groups) == [12, 34]                 # as given: 10 + 20 on one rank (+ a token per sample)
+    assert loads(ordered) == [22, 24]
+    assert Dispatcher(None, {}, capacity=8).longest_first(groups) == groups   # per-sample routing: as given
+
+
 def test_config_switch_keeps_per_sample_routing_and_refuses_other_values(tmp_path):
     import os
 
