@@ -27,6 +27,7 @@ CONNECT_S = 10.0
 CONTROL_S = 10.0       # status, info, abort, pause/continue, flush
 WEIGHTS_S = 600.0      # a weight update from disk
 GENERATE_S = 3600.0    # one generation (a long response on a loaded engine)
+REPEATABLE = ("/flush_cache", "/abort_request")   # POSTs sent again after a closed pooled connection
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,13 +85,21 @@ class EngineClient:
 
     async def call(self, engine, method: str, path: str, *, json_body=None, params=None,
                    timeout_s: float = CONTROL_S, as_json: bool = True):
-        """One request; the answer's JSON (or text with `as_json=False`) when it is 200, else a typed error."""
-        try:
-            async with self._open().request(method, engine.url + path, json=json_body, params=params,
-                                            headers=_headers(engine.api_key), timeout=_timeout(timeout_s)) as r:
-                status, raw = r.status, await r.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise EngineUnreachable(engine.name, path, e) from None
+        """One request; the answer's JSON (or text with `as_json=False`) when it is 200, else a typed error.
+        A POST that may be repeated (a cache flush, an abort) is sent once more on a fresh connection when
+        the server closed the one it was sent on unanswered (uvicorn ends an idle keep-alive connection,
+        and reusing it can race that); aiohttp does so itself for a GET."""
+        for again in (path in REPEATABLE, False):
+            try:
+                async with self._open().request(method, engine.url + path, json=json_body, params=params,
+                                                headers=_headers(engine.api_key), timeout=_timeout(timeout_s)) as r:
+                    status, raw = r.status, await r.read()
+                break
+            except aiohttp.ServerDisconnectedError as e:
+                if not again:
+                    raise EngineUnreachable(engine.name, path, e) from None
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                raise EngineUnreachable(engine.name, path, e) from None
         if status == 200 and as_json:
             try:
                 return json.loads(raw)
