@@ -299,7 +299,7 @@ def scale(args) -> None:
                 await one(arm, seed=7 + i, groups=min(args.groups, 16))
             for r in range(args.rounds):
                 for arm in (arms if r % 2 == 0 else arms[::-1]):
-                    out = await one(arm, seed=1000 * r + len(res))
+                    out = await one(arm, seed=1000 * r)   # every arm the same step (caches emptied between)
                     res.setdefault(arm, []).append(out)
                     print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, rank busy imbalance {out[1]:.3f}, "
                           f"{out[2]:.0f} tokens/s, client CPU {1e6 * out[3]:.0f} us/request"

@@ -4,7 +4,8 @@ can hold several prompts, a 16,384-token pool per rank), groups of 8 of an RL-li
 prompts of 128-1,024 tokens behind a shared 64-token system prefix; per-sample budgets, most between
 `--engine-new-tokens` / 2 and `--engine-new-tokens`, one in 8 8-16x that, generated to the last token:
 ignore_eos), 12 groups per arm (3 per rank at 16 per engine), the same engines for both arms (the
-dispatcher's placement switched off for `today`), caches flushed before each arm, arms alternated.
+dispatcher's placement switched off for `today`), caches flushed before each arm, arms alternated; in a
+round every arm runs the same step (prompt lengths and budgets) with prompts of its own tokens.
 With a slime checkout (SLIME_SRC or --slime-src) and slime's client Python (SLIME_PYTHON), a third arm:
 slime's own generate_rollout through slime's router on the same engines (benchmarks/_slime_arm.py: a
 worker under SLIME_PYTHON, the same prompts as token ids and the same per-sample budgets through a
@@ -75,15 +76,18 @@ async def _flush(mgr, budget_s: float = 120.0):
             await asyncio.sleep(0.5)
 
 
-def rl_groups(groups, n, seed, short, vocab=300, lengths=(128, 1024), prefix_len=PREFIX_LEN, tail=(1, 8)):
+def rl_groups(groups, n, seed, short, vocab=300, lengths=(128, 1024), prefix_len=PREFIX_LEN, tail=(1, 8),
+              tokens_seed=None):
     """An RL-like step: `groups` prompts of a shared system prefix (`prefix_len` tokens, the same in every
     step) and a question of `lengths` tokens, each with n response budgets from a long tail: most between
-    short / 2 and short, one in `tail[1]` 8-16x `short` (the long reasoning chains). -> [(prompt, budgets)]."""
-    rng = random.Random(seed)
+    short / 2 and short, one in `tail[1]` 8-16x `short` (the long reasoning chains). -> [(prompt, budgets)].
+    `seed` draws the lengths and budgets, `tokens_seed` (default `seed`) the questions' tokens: arms of one
+    round get the same step with prompts of their own (no arm finds another's prompts cached)."""
+    rng, words = random.Random(seed), random.Random(seed if tokens_seed is None else tokens_seed)
     system = [random.Random(0).randrange(3, vocab) for _ in range(prefix_len)]
     out = []
     for _ in range(groups):
-        question = [rng.randrange(3, vocab) for _ in range(rng.randint(*lengths) - prefix_len)]
+        question = [words.randrange(3, vocab) for _ in range(rng.randint(*lengths) - prefix_len)]
         budgets = [short * rng.randint(8, 16) if rng.randrange(tail[1]) < tail[0]
                    else rng.randint(max(1, short // 2), short) for _ in range(n)]
         out.append((system + question, budgets))
@@ -99,22 +103,22 @@ def _rank_work(metas, primers) -> float:
     return max(work.values()) / (sum(work.values()) / len(work))
 
 
-async def _slime_arm(mgr, slime, groups, args, seed):
+async def _slime_arm(mgr, slime, groups, args, seed, words):
     """slime's own generate_rollout on the same engines: (prefilled / prompt tokens, tokens/s, None, {})."""
     await _flush(mgr)
-    work = rl_groups(groups, 8, seed, args.engine_new_tokens)
+    work = rl_groups(groups, 8, seed, args.engine_new_tokens, tokens_seed=words)
     out = await asyncio.to_thread(slime.answer, [p for p, _ in work], seed, [b for _, b in work])
     assert out["groups"] == groups, f"slime returned {out['groups']} groups of {groups}"
     prompt = sum(len(p) for p, _ in work)
     return (out["prompt_tokens"] - out["cached_tokens"]) / prompt, out["tokens"] / out["seconds"], None, {}
 
 
-async def _engine_arm(mgr, placement, groups, args, seed):
+async def _engine_arm(mgr, placement, groups, args, seed, words):
     await _flush(mgr)
     mgr.dispatcher.placement = placement
     primed0 = placement.primer_prefilled if placement else 0
     primers0 = dict(placement.primer_at) if placement else {}
-    work = rl_groups(groups, 8, seed, args.engine_new_tokens)
+    work = rl_groups(groups, 8, seed, args.engine_new_tokens, tokens_seed=words)
     todo = []
     for prompt, budgets in work:
         g = mgr.new_group(prompt)
@@ -162,16 +166,16 @@ def engines_part(args) -> None:
                     "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
                     "sglang_server_concurrency": cfg.rollout.concurrency_per_engine})
 
-            async def one(arm, seed):
+            async def one(arm, seed, words):
                 if arm == "slime":
-                    return await _slime_arm(mgr, slime, args.engine_groups, args, seed)
+                    return await _slime_arm(mgr, slime, args.engine_groups, args, seed, words)
                 return await _engine_arm(mgr, placement if arm == "placement" else None, args.engine_groups,
-                                         args, seed)
+                                         args, seed, words)
             for i, arm in enumerate(arms):   # warm-up of every arm's batch shapes, not counted
-                await one(arm, seed=7 + i)
-            for r in range(args.rounds):
+                await one(arm, 7 + i, 7 + i)
+            for r in range(args.rounds):     # a round: one step (lengths, budgets) for every arm, own prompts
                 for arm in (arms if r % 2 == 0 else arms[::-1]):
-                    out = await one(arm, seed=100 + 10 * r + arms.index(arm))
+                    out = await one(arm, 100 + 10 * r, 100 + 10 * r + arms.index(arm))
                     res.setdefault(arm, []).append(out)
                     print(f"  {arm:9s} round {r}: prefilled/prompt {out[0]:.3f}, {out[1]:.1f} tokens/s"
                           + (f", rank work max/mean {out[2]:.3f}" if out[2] is not None else "")

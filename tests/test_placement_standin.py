@@ -43,3 +43,12 @@ def test_standin_replays_the_recorded_prefix_cache_answers():
     want = [{k: r[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "dp_rank")} for r in rec]
     assert want[3]["cached_tokens"] == 255        # the prefix case as recorded
     assert got == want
+
+
+def test_arms_of_a_round_run_the_same_step_with_prompts_of_their_own():
+    """The engines benchmark's arms are compared on one step: the same prompt lengths and budgets, other
+    tokens (so no arm finds another's prompts cached)."""
+    from group_placement_engines import PREFIX_LEN, rl_groups
+    a, b = rl_groups(12, 8, 100, 8, tokens_seed=100), rl_groups(12, 8, 100, 8, tokens_seed=101)
+    assert [(len(p), bs) for p, bs in a] == [(len(p), bs) for p, bs in b]
+    assert all(pa[:PREFIX_LEN] == pb[:PREFIX_LEN] and pa[PREFIX_LEN:] != pb[PREFIX_LEN:] for (pa, _), (pb, _) in zip(a, b))
