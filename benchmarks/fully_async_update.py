@@ -62,12 +62,14 @@ ARMS = ("ours", "sync", "slime-async", "off", "kill")
 
 
 # ------------------------------------------------------------------ figures and judging
-def trainer_wait(res: dict) -> tuple:
-    """(mean wait per step after the first, the first step's wait): loop time outside training and updates."""
+def trainer_wait(res: dict, updates: bool = False) -> tuple:
+    """(mean wait per step after the first, the first step's wait): loop time outside training and updates
+    (`updates`: outside training only, the weight updates counted as waiting)."""
     train = sorted(res["train"], key=lambda t: t[1])
     start, end = train[0][2], train[-1][2]
-    busy = sum(max(0.0, min(b, end) - max(a, start)) for _, a, b in train[1:]) + \
-        sum(max(0.0, min(b, end) - max(a, start)) for a, b in res["updates"])
+    busy = sum(max(0.0, min(b, end) - max(a, start)) for _, a, b in train[1:])
+    if not updates:
+        busy += sum(max(0.0, min(b, end) - max(a, start)) for a, b in res["updates"])
     first = train[0][1] - res["updates"][0][1]
     return (end - start - busy) / max(1, len(train) - 1), first
 
@@ -127,6 +129,10 @@ def report(res: dict, k3: dict) -> None:
     fact(BENCH, "trainer wait per step after the first (first step; the weight update itself, median, not in the "
                 "wait): " + ", ".join(f"{arm} {w:.2f} s ({f:.2f} s; {update_s(res[arm]):.2f} s)"
                                       for arm, (w, f) in waits.items()))
+    idle = {arm: trainer_wait(res[arm], updates=True)[0] for arm in waits}
+    fact(BENCH, "trainer time outside training per step (its wait and the weight update): " + ", ".join(
+        f"{arm} {t:.2f} s" for arm, t in idle.items()) + f"; ours / slime-async {idle['ours'] / idle['slime-async']:.3f}"
+        f", ours / sync {idle['ours'] / idle['sync']:.3f}")
     judge(BENCH, "trainer_wait_vs_sync", waits["ours"][0] / waits["sync"][0])
     judge(BENCH, "trainer_wait_vs_slime_async", waits["ours"][0] / waits["slime-async"][0]
           if waits["slime-async"][0] > 0 else float("inf"))

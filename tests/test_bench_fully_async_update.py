@@ -30,6 +30,7 @@ def test_trainer_wait_is_the_loop_time_outside_training_and_updates(bench):
     arm = bench._dry_arm([3.0, 0.5, 0.25, 0.75], 0)
     wait, first = bench.trainer_wait(arm)
     assert first == pytest.approx(3.0) and wait == pytest.approx((0.5 + 0.25 + 0.75) / 3)
+    assert bench.trainer_wait(arm, updates=True)[0] == pytest.approx((0.5 + 0.25 + 0.75) / 3 + 0.5)   # + the update
     t = bench.per_update(bench._dry_arm([0, 0, 0, 0], 100, thrown=30))
     assert (t["updates"], t["aborted"], t["thrown"], t["undelivered"]) == (4, 100, 30, 0)
 
