@@ -336,7 +336,7 @@ def main() -> int:
     ap.add_argument("--engine-groups", type=int, default=12)
     ap.add_argument("--engine-new-tokens", type=int, default=8)
     args = ap.parse_args()
-    print(f"{BENCH}: scale run, {args.groups} groups x {args.n}, 4 engines x dp 4", flush=True)
+    print(f"{BENCH}: scale run, {args.groups} groups x {args.n}, {args.engine_count} engine(s) x dp {args.dp}", flush=True)
     scale(args)
     if args.engines:
         from group_placement_engines import engines_part
