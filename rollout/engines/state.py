@@ -91,14 +91,18 @@ class EngineTable:
         if self.closed_reason:
             raise DispatcherClosed(self.closed_reason)
         now = time.monotonic()
-        open_ = [s for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots
-                             else []) if s.outstanding < s.capacity]
-        free = [s for s in open_ if not s.suspect(now)]
-        if free:
-            slot = min(free, key=lambda s: (s.outstanding, s.served))
+        slot = paused = None   # one pass, no lists: this runs for every request
+        for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots else ()):
+            if s.outstanding >= s.capacity:
+                continue
+            if s.suspect_until > now:
+                paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
+            elif slot is None or (s.outstanding, s.served) < (slot.outstanding, slot.served):
+                slot = s
+        if slot is not None:
             slot.outstanding += 1
             return slot, None
-        return None, (min(s.suspect_until for s in open_) if open_ else None)
+        return None, paused
 
     def close(self, reason: str) -> None:
         self.closed_reason = reason
