@@ -247,25 +247,29 @@ def test_an_announced_group_primes_though_its_siblings_ask_later():
     first request primes and the late siblings wait for that primer; unannounced (the rule for a lone
     sample) the first found no sibling seated and sent none, and every sibling was prefilled again."""
     async def go(announce):
-        calls = []
+        calls, held = [], asyncio.Event()
 
         async def prime():
             calls.append(1)
-            await asyncio.sleep(0.02)
+            await held.wait()                  # the primer's prefill lasts until the test lets it end
             return {"prompt_tokens": 10, "cached_tokens": 0}
         p = _placement(n=4)
         if announce:
             p.expect("g", 4)
         samples = _group("g", 4)
         first = asyncio.create_task(p.primed_once(samples[0], p.place(samples[0], 20), prime))
-        await asyncio.sleep(0.005)             # the siblings' requests come in later ticks
-        late = [p.primed_once(s, p.place(s, 20), prime) for s in samples[1:]]
-        t0 = asyncio.get_running_loop().time()
+        for _ in range(3):
+            await asyncio.sleep(0)             # the first request's ticks pass before any sibling asks
+        late = [asyncio.create_task(p.primed_once(s, p.place(s, 20), prime)) for s in samples[1:]]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        waiting = sum(not t.done() for t in late)
+        held.set()
         await asyncio.gather(first, *late)
-        return calls, asyncio.get_running_loop().time() - t0, {s.dp_rank for s in samples}
-    calls, waited, ranks = asyncio.run(go(True))
-    assert calls == [1] and waited >= 0.01 and len(ranks) == 1   # the siblings waited for it, one rank
-    assert asyncio.run(go(False))[0] == []                       # the old rule: no primer at all
+        return calls, waiting, {s.dp_rank for s in samples}
+    calls, waiting, ranks = asyncio.run(go(True))
+    assert calls == [1] and waiting == 3 and len(ranks) == 1   # the siblings waited for it, one rank
+    assert asyncio.run(go(False))[0] == []                     # the old rule: no primer at all
 
 
 def test_groups_started_longest_first_leave_the_ranks_level():
