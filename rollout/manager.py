@@ -231,8 +231,9 @@ class RolloutManager:
         same ids (with partial_rollout with their tokens so far; otherwise started again from the prompt).
         """
         fresh = [p if isinstance(p, Group) else self.new_group(p) for p in prompts]
-        batch_size = batch_size or len(self.carry) + len(fresh)
-        if batch_size >= len(self.carry) + len(fresh):   # every group is delivered: start them longest first
+        total = len(self.carry) + len(fresh)
+        batch_size = batch_size or total
+        if batch_size >= total:   # every group is delivered: start them longest first
             fresh = self.dispatcher.longest_first(fresh)
         todo, self.carry = self.carry + fresh, []
         res = RolloutResult()
