@@ -8,9 +8,14 @@ the client's own cost. The client runs pinned to one core, the responder on anot
 
 Side by side, rounds alternated a/b/b/a, on the same responders:
   direct : slime's shape: one asyncio.Semaphore(concurrency x engines) over all requests, round-robin
-           engines, a bare aiohttp POST + JSON parse (what sglang_rollout.generate does per request);
+           engines, a bare aiohttp POST + JSON parse, and the answer kept as slime's generate keeps it (its
+           token ids and logprobs taken out and appended, as `Sample.append_response_tokens` does). slime's
+           own client is httpx (`slime.utils.http_utils`), which costs more per request than aiohttp: this
+           shape is a floor under slime's figure, not slime's figure;
   manager: rollout.dispatch.Dispatcher.run per sample (least-outstanding routing, per-engine slots,
            payload, response parsing into the Sample), one task per sample as the manager runs them.
+What each side builds once (the manager's dispatcher and samples, the direct side's requests and records)
+is built before its run is timed.
 Printed at that shape ("seed") and at a shallow depth (32 in flight, batches of 32 back to back, the two
 sides alternated batch by batch so that load on a shared machine hits both alike; each timed round
 starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
@@ -94,35 +99,64 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+class _Record:
+    """What slime keeps of one answer (slime.utils.types.Sample.append_response_tokens: tokens, response length,
+    loss mask, rollout logprobs, response text), filled as slime's generate fills it."""
+    __slots__ = ("tokens", "response_length", "loss_mask", "rollout_log_probs", "response")
+
+    def __init__(self, prompt_ids):
+        self.tokens, self.response_length, self.loss_mask = list(prompt_ids), 0, []
+        self.rollout_log_probs, self.response = [], ""
+
+    def append(self, output: dict) -> None:
+        pairs = output["meta_info"]["output_token_logprobs"]   # slime's generate: [item[1] ...], [item[0] ...]
+        tokens = [int(t) for t in [item[1] for item in pairs]]  # then _to_int_list / _to_float_list
+        log_probs = [float(x) for x in [item[0] for item in pairs]]
+        self.response += output["text"]
+        self.tokens += tokens
+        self.response_length += len(tokens)
+        self.loss_mask += [1] * len(tokens)
+        self.rollout_log_probs += log_probs
+
+
 async def _direct(session, ports, groups, n, conc):
-    """slime's shape: every request at once behind one semaphore of concurrency x engines."""
+    """slime's shape: every request at once behind one semaphore of concurrency x engines, each answer kept as
+    slime keeps it (`_Record`). Returns the run to time (its requests and records built)."""
     urls = [f"http://127.0.0.1:{p}/generate" for p in ports]
     sem, lat, rr = asyncio.Semaphore(conc * len(ports)), [], [0]
+    records = [(f"{g}/{i}", _Record([1, 2, 3])) for g in range(groups) for i in range(n)]
 
-    async def one(g, i):
+    async def one(rid, rec):
         t = time.perf_counter()
         async with sem:
             rr[0] += 1
             async with session.post(urls[rr[0] % len(urls)], headers=auth_headers("bench-key"),
-                                    json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4},
-                                          "return_logprob": True, "rid": f"{g}/{i}"}) as r:
-                await r.json()
+                                    json={"input_ids": rec.tokens, "sampling_params": {"max_new_tokens": 4},
+                                          "return_logprob": True, "rid": rid}) as r:
+                rec.append(await r.json())
         lat.append(time.perf_counter() - t)
 
-    await asyncio.gather(*(one(g, i) for g in range(groups) for i in range(n)))
-    return lat
+    async def go():
+        await asyncio.gather(*(one(rid, rec) for rid, rec in records))
+        assert all(rec.response_length == 4 for _, rec in records)
+        return lat
+    return go
 
 
 async def _manager(client, ports, groups, n, conc):
-    """The same requests through Dispatcher.run (one task per sample, as RolloutManager.rollout runs them)."""
+    """The same requests through Dispatcher.run (one task per sample, as RolloutManager.rollout runs them).
+    Returns the run to time (the dispatcher, its engines and the samples built: the manager builds them once)."""
     from rollout.dispatch import Dispatcher, Sample
     d = Dispatcher(client, {"max_new_tokens": 4}, capacity=conc)
     for i, p in enumerate(ports):
         await d.admit(_Eng(f"e{i}", p))
     samples = [Sample(f"g{g}/{i}", f"g{g}", i, [1, 2, 3]) for g in range(groups) for i in range(n)]
-    await asyncio.gather(*(d.run(s) for s in samples))
-    assert all(s.status == "truncated" and len(s.response_ids) == 4 for s in samples)
-    return [s.t_done - s.t_submit for s in samples]
+
+    async def go():
+        await asyncio.gather(*(d.run(s) for s in samples))
+        assert all(s.status == "truncated" and len(s.response_ids) == 4 for s in samples)
+        return [s.t_done - s.t_submit for s in samples]
+    return go
 
 
 async def _bench(ports, groups, n, conc, rounds, batches=1):
@@ -131,8 +165,8 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
     from rollout.engines.client import EngineClient
     out = {"direct": [], "manager": []}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session, EngineClient() as client:
-        await _direct(session, ports, groups, n, conc)  # warm up: open the connections
-        await _manager(client, ports, groups, n, conc)
+        await (await _direct(session, ports, groups, n, conc))()  # warm up: open the connections
+        await (await _manager(client, ports, groups, n, conc))()
         for r in range(rounds):  # a/b/b/a, so drift hits both sides alike
             order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
             runs = {name: [0, 0.0, 0.0, []] for name in order}
@@ -140,8 +174,9 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
             for b in range(batches):  # a shallow shape: batch by batch a/b/b/a, so both sides see the same load
                 for name in (order if b % 2 == 0 else order[::-1]):
                     fn = _direct if name == "direct" else _manager
+                    go = await fn(session if name == "direct" else client, ports, groups, n, conc)
                     c0, t0 = time.process_time(), time.perf_counter()
-                    lat = await fn(session if name == "direct" else client, ports, groups, n, conc)
+                    lat = await go()
                     run = runs[name]
                     run[0] += len(lat)
                     run[1] += time.perf_counter() - t0

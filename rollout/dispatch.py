@@ -225,7 +225,8 @@ class Dispatcher:
 
     def _release(self, slot: EngineEntry, served: bool = True) -> None:
         slot.release(served)
-        self._wake_one(slot.engine.name if self.placement else None)
+        if self._waiters:
+            self._wake_one(slot.engine.name if self.placement else None)
 
     # ------------------------------------------------------------------ requests
     def budget_left(self, sample: Sample) -> int:
@@ -235,17 +236,19 @@ class Dispatcher:
     def _cost(self, sample: Sample) -> int:
         return len(sample.prompt_ids) + len(sample.response_ids) + max(0, self.budget_left(sample))
 
-    def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None, compact: bool = False) -> dict:
+    def payload(self, sample: Sample, rid: str, sampling: Optional[dict] = None, compact: bool = False,
+                budget: Optional[int] = None) -> dict:
         """The /generate body; `sampling` (a per-call override) is sent as given, without `seeds`;
-        `compact`: routed experts asked for in the compact format (the engine advertised it)."""
+        `compact`: routed experts asked for in the compact format (the engine advertised it); `budget`:
+        `budget_left(sample)` when the caller has it."""
         sp = dict(self.sampling if sampling is None else sampling)
         if self.seeds and sampling is None:
             sp["sampling_seed"] = self.seeds[sample.index % len(self.seeds)]
-        sp["max_new_tokens"] = max(1, self.budget_left(sample))
+        sp["max_new_tokens"] = max(1, budget if budget is not None else self.budget_left(sample))
         body = {"input_ids": sample.tokens, "sampling_params": sp, "return_logprob": True, "rid": rid}
         if self.routed_experts:
             body["return_routed_experts"] = True
-            start = continuation_start(sample.routed_experts, len(sample.tokens))
+            start = continuation_start(sample.routed_experts, sample.num_tokens)
             if start:
                 body["routed_experts_start_len"] = start
             if compact:
@@ -256,7 +259,8 @@ class Dispatcher:
         """Generate (or continue) one sample; retries (see the module doc); never raises for an engine fault.
         A sample with no budget left is TRUNCATED without a request. `sampling`: see `payload`."""
         sample.t_submit = sample.t_submit or time.monotonic()
-        if self.budget_left(sample) <= 0:
+        budget = self.budget_left(sample)   # the same for every attempt of this call
+        if budget <= 0:
             sample.status, sample.t_done = SampleStatus.TRUNCATED, time.monotonic()
             return sample
         retries = 0                    # consecutive re-sends of this call: the backoff exponent
@@ -272,8 +276,10 @@ class Dispatcher:
                 break
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
-            try:
-                slot = await self._acquire(sample)
+            try:   # a free slot at once (the usual case) without a coroutine of its own; else wait for one
+                slot = self._take(self.place(sample))
+                if slot is None:
+                    slot = await self._acquire(sample)
             except DispatcherClosed as e:
                 sample.status, sample.error = SampleStatus.FAILED, str(e)
                 break
@@ -287,7 +293,7 @@ class Dispatcher:
             sample.sent_version = slot.version
             out = None
             try:
-                body = self.payload(sample, rid, sampling, slot.compact)
+                body = self.payload(sample, rid, sampling, slot.compact, budget)
                 if self.placement is None or await self._placed(sample, slot, body):
                     out = parse(slot.engine.name, await self.client.generate(slot.engine, body,
                                                                              timeout_s=self.request_timeout_s))
@@ -302,12 +308,19 @@ class Dispatcher:
                 slot.inflight.pop(rid, None)
                 slot.lost.discard(rid)
                 self._release(slot)
-                self._unplace(sample, out)
+                if self.placement is not None:
+                    self._unplace(sample, out)
             if out is None:                  # the batch filled while it waited for its primer: not sent
                 sample.attempts -= 1
                 break
             sample.engines.append(slot.engine.name)
-            sample.failures = 0 if isinstance(out, Answer) else sample.failures + 1
+            if type(out) is Answer:          # the usual case first: it runs for every request
+                sample.failures = 0
+                self._apply(sample, out)
+                if out.weight_version is not None:
+                    slot.version = out.weight_version
+                break
+            sample.failures += 1
             if isinstance(out, (EngineLost, EngineUnreachable)):   # re-send elsewhere
                 sample.error = short_error(out.cause if isinstance(out, EngineUnreachable) else out)
                 self.resent += 1
@@ -325,10 +338,7 @@ class Dispatcher:
                     self.resent += 1
                     retries += 1
                     continue
-                sample.status = SampleStatus.FAILED
-                break
-            self._apply(sample, out)
-            slot.version = slot.version if out.weight_version is None else out.weight_version
+            sample.status = SampleStatus.FAILED   # a rejection that will not change (a 4xx)
             break
         sample.t_done = time.monotonic()
         return sample
@@ -371,14 +381,14 @@ class Dispatcher:
             self.unrouted_aborts += 1
             sample.status, sample.error = SampleStatus.ABORTED, None
             return
-        start_len = continuation_start(sample.routed_experts, len(sample.tokens))
-        sample.response_ids = list(sample.response_ids) + out.token_ids
-        sample.logprobs = list(sample.logprobs) + out.logprobs
+        start_len = continuation_start(sample.routed_experts, sample.num_tokens) if self.routed_experts else 0
+        sample.response_ids = [*sample.response_ids, *out.token_ids]
+        sample.logprobs = [*sample.logprobs, *out.logprobs]
         versions.note(sample, len(out.token_ids), out.meta)
         sample.status = FINISH_STATUS.get(out.finish, SampleStatus.COMPLETED)
         sample.error = None
         if self.routed_experts:
-            arr, reason = sample_routed_experts(out.meta, len(sample.tokens), self.layout, held=sample.routed_experts,
+            arr, reason = sample_routed_experts(out.meta, sample.num_tokens, self.layout, held=sample.routed_experts,
                                                 start_len=start_len, sent_version=sample.sent_version)
             if reason:
                 sample.status, sample.error = SampleStatus.FAILED, f"routed experts: {reason}"

@@ -129,7 +129,7 @@ class Placement:
         own = (sample.engine, getattr(sample, "dp_rank", None))
         if own[0] is not None and self._ok(own):
             least = min((k for k in self.ranks if self._ok(k)), key=lambda k: self.ranks[k].outstanding)
-            if self.ranks[own].outstanding - self.ranks[least].outstanding > len(sample.tokens) + cost:
+            if self.ranks[own].outstanding - self.ranks[least].outstanding > sample.num_tokens + cost:
                 return least, cost, False          # a continued sample whose rank fell behind: re-balanced
             return own, cost, False                # a continued or re-sent sample: back to its rank
         group = self.groups.get(sample.group_id)

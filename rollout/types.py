@@ -80,6 +80,11 @@ class Sample:
         return list(self.prompt_ids) + list(self.response_ids)
 
     @property
+    def num_tokens(self) -> int:
+        """len(tokens), without building them."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
     def engine(self) -> Optional[str]:
         return self.engines[-1] if self.engines else None
 

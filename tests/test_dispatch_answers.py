@@ -34,6 +34,11 @@ MALFORMED = {   # shape -> (body, field the reason names)
     "odd finish_reason type": (_bad(finish_reason={"type": 5}), "meta_info.finish_reason"),
     "logprob pair too short": (_bad(output_token_logprobs=[[-0.5]]), "meta_info.output_token_logprobs[0]"),
     "logprob pair of strings": (_bad(output_token_logprobs=[["x", "7"]]), "meta_info.output_token_logprobs[0]"),
+    "a later pair bad": (_bad(output_token_logprobs=[[-0.5, 7], [-0.4, "8"]]), "meta_info.output_token_logprobs[1]"),
+    "a bool token id": (_bad(output_token_logprobs=[[-0.5, 7], [-0.4, True]]), "meta_info.output_token_logprobs[1]"),
+    "a negative token id": (_bad(output_token_logprobs=[[-0.5, -7]]), "meta_info.output_token_logprobs[0]"),
+    "a null logprob": (_bad(output_token_logprobs=[[-0.5, 7], [None, 8]]), "meta_info.output_token_logprobs[1]"),
+    "a pair that is an object": (_bad(output_token_logprobs=[{"0": -0.5, "1": 7}]), "meta_info.output_token_logprobs[0]"),
     "prompt_tokens null": (_bad(prompt_tokens=None), "meta_info.prompt_tokens"),
     "no meta_info": (_no_meta(), "meta_info"),
 }
@@ -155,3 +160,17 @@ def test_primer_with_null_prompt_tokens_is_a_failed_primer_not_a_crash():
         finally:
             await srv.cleanup()
     asyncio.run(main())
+
+
+def test_parse_reads_every_pair_shape_sglang_and_python_give():
+    """The whole-answer read and the pair-by-pair one agree: lists or tuples, int or float logprobs (floats out),
+    a float subclass (numpy's) and a third item (the token text) accepted."""
+    import numpy as np
+
+    from rollout.engines.answer import parse
+    pairs = [[-0.5, 7, "a"], (-1, 8), [np.float64(-0.25), 9]]
+    a = parse("e", _bad(output_token_logprobs=pairs))
+    assert a.token_ids == [7, 8, 9] and a.logprobs == [-0.5, -1.0, -0.25]
+    assert all(type(x) is float for x in a.logprobs)
+    assert parse("e", _bad(output_token_logprobs=[])).token_ids == []
+

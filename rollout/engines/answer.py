@@ -14,6 +14,7 @@ from typing import Optional
 from rollout.errors import EngineError
 
 FINISH_TYPES = ("stop", "length", "abort")
+_INT, _FLOAT, _NUMBER, _PAIR = {int}, {float}, {int, float}, {list, tuple}
 
 
 class BadAnswer(EngineError):
@@ -25,7 +26,7 @@ class BadAnswer(EngineError):
         super().__init__(f"malformed answer from {engine}: {field} {why}")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Answer:
     meta: dict
     text: str
@@ -55,15 +56,20 @@ def _pairs(engine: str, meta: dict) -> tuple:
         return [], []
     if not isinstance(pairs, list):
         raise BadAnswer(engine, "meta_info.output_token_logprobs", f"is a {type(pairs).__name__}, not a list")
-    ids, lps = [], []
+    try:   # the whole answer at once (the hot path); any doubt: item by item, to name the bad one
+        ids, lps = [p[1] for p in pairs], [p[0] for p in pairs]
+        kinds = set(map(type, lps))
+        if kinds <= _NUMBER and set(map(type, ids)) <= _INT and set(map(type, pairs)) <= _PAIR \
+                and (not ids or min(ids) >= 0):
+            return ids, lps if kinds <= _FLOAT else [float(x) for x in lps]
+    except (TypeError, IndexError, KeyError):
+        pass
     for i, p in enumerate(pairs):
         ok = isinstance(p, (list, tuple)) and len(p) >= 2 and type(p[1]) is int and p[1] >= 0 \
             and isinstance(p[0], (int, float)) and not isinstance(p[0], bool)
         if not ok:
             raise BadAnswer(engine, f"meta_info.output_token_logprobs[{i}]", f"is {p!r}, not [logprob, token_id]")
-        ids.append(p[1])
-        lps.append(float(p[0]))
-    return ids, lps
+    return [p[1] for p in pairs], [float(p[0]) for p in pairs]
 
 
 def parse(engine: str, body) -> Answer:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from typing import Optional
+from typing import Awaitable, Optional
 
 import aiohttp
 
@@ -115,8 +115,9 @@ class EngineClient:
         raise EngineRejected(engine.name, path, status, f"not JSON: {one_line(text)}")
 
     # ------------------------------------------------------------------ generation
-    async def generate(self, engine, body: dict, timeout_s: float = GENERATE_S) -> dict:
-        return await self.call(engine, "POST", "/generate", json_body=body, timeout_s=timeout_s)
+    def generate(self, engine, body: dict, timeout_s: float = GENERATE_S) -> Awaitable[dict]:
+        """`call`'s awaitable itself (no coroutine of its own: one frame less on every request's resumptions)."""
+        return self.call(engine, "POST", "/generate", json_body=body, timeout_s=timeout_s)
 
     async def abort_all(self, engine) -> None:
         await self.call(engine, "POST", "/abort_request", json_body={"abort_all": True}, as_json=False)
