@@ -267,6 +267,9 @@ def run_arm(ray, spec: dict) -> dict:
         ray.get(e.init.remote(**external.external_engine_init_kwargs(info), router_ip=args.sglang_router_ip,
                               router_port=args.sglang_router_port))
         engines.append(e)
+    if spec.get("direct"):   # its requests to its one engine: PyPI's sglang-router drops return_routed_experts
+        host, port = spec["addrs"][0].rsplit(":", 1)
+        args.sglang_router_ip, args.sglang_router_port = host, int(port)
     mgr = ray.remote(num_cpus=0)(StandInRolloutManager).remote(args, spec["prompts"], engines, spec.get("dump"),
                                                                cfg.model.first_k_dense_replace)
     actor = ray.remote(num_cpus=0)(StandInTrainActor).remote(spec["train_s"], spec["ckpts"], spec["disk_dir"])

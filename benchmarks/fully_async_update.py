@@ -21,7 +21,10 @@ nothing to keep or abort). The sync arm runs first. Arms:
   kill        as ours on two engines, max_weight_version_lag `--kill-lag`; one engine is killed with SIGKILL
               `--kill-delay-s` after the loop's first update.
 Each engine serves a few batches before any arm is timed (the CPU engine's first batch shapes are slow).
-slime's arms do not ask for routed experts (every PyPI sglang-router drops `return_routed_experts`); ours do.
+slime's fully-async arm sends its requests to its one engine, not through slime's router (every PyPI sglang-router
+drops `return_routed_experts`), and asks for routed experts as ours do (slime's own `Sample` code decodes them),
+so both pay the same capture; the sync arm goes through the router (slime's sync rollout lists the router's
+workers to abort its leftovers at every step) and asks for none.
 
     flock /tmp/engine.lock python benchmarks/fully_async_update.py --slime-src /tmp/slime-src
     python benchmarks/fully_async_update.py --dry      # the judging on recorded figures, no engine, no slime
@@ -255,7 +258,7 @@ def run(a, model: str, ckpts: str, work: str) -> dict:
         base = {"arm": arm, "loop": loop, "fn": fn, "addrs": addrs, "config": CONFIG, "model": model,
                 "ckpts": ckpts, "disk_dir": disk, "steps": a.steps, "groups": a.groups, "train_s": res["train_s"],
                 "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency, "prompts": prompts,
-                "r3": fn == OURS, "kill_delay_s": a.kill_delay_s, "kill_notice_s": a.kill_notice_s,
+                "r3": fn in (OURS, SLIME_ASYNC), "direct": fn == SLIME_ASYNC, "kill_delay_s": a.kill_delay_s, "kill_notice_s": a.kill_notice_s,
                 "overrides": {"max_weight_version_lag": a.lag} if fn == OURS and a.lag is not None else {}}
         return {**base, **kw}
 

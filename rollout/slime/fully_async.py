@@ -219,8 +219,18 @@ class Pool:
     async def take(self, want: int) -> list:
         """Up to `want` finished groups, (slime group, spans), as soon as they exist."""
         self.sized(want)
-        await self._current()
+        asked = asyncio.ensure_future(self._current())   # the engines' versions, asked beside the wait
+        if self.lag is not None:
+            await asked   # the bound needs them before a ready group is judged
         out: list = []
+        try:
+            await self._wait(want, out)
+        finally:
+            await asked   # before the caller publishes the current version (a restarted engine must match it)
+        return out
+
+    async def _wait(self, want: int, out: list) -> None:
+        """Fill `out` with ready groups, starting more, until `want` (or nothing is left to run)."""
         while len(out) < want:
             if self.error is not None:
                 raise self.error
@@ -241,15 +251,16 @@ class Pool:
                 break   # the data source ran dry and nothing is left in flight
             self.wake.clear()
             await self.wake.wait()
-        return out
 
     async def _current(self) -> None:
-        """The version the engines serve now (they say it on /model_info)."""
-        for slot in list(getattr(self.backend.dispatcher, "slots", {}).values()):
+        """The version the engines serve now (they say it on /model_info; all asked at once)."""
+        async def one(slot):
             try:
-                self.versions.see(await self.backend.client.weight_version(slot.engine))
+                return await self.backend.client.weight_version(slot.engine)
             except (EngineError, AttributeError):   # an engine that does not say: its answers still count
-                pass
+                return None
+        for version in await asyncio.gather(*map(one, getattr(self.backend.dispatcher, "slots", {}).values())):
+            self.versions.see(version)
 
     async def stop(self) -> None:
         for t in list(self.tasks):
