@@ -258,7 +258,8 @@ def run(a, model: str, ckpts: str, work: str) -> dict:
         base = {"arm": arm, "loop": loop, "fn": fn, "addrs": addrs, "config": CONFIG, "model": model,
                 "ckpts": ckpts, "disk_dir": disk, "steps": a.steps, "groups": a.groups, "train_s": res["train_s"],
                 "max_new_tokens": a.max_new_tokens, "concurrency": a.concurrency, "prompts": prompts,
-                "r3": fn in (OURS, SLIME_ASYNC), "direct": fn == SLIME_ASYNC, "kill_delay_s": a.kill_delay_s, "kill_notice_s": a.kill_notice_s,
+                "r3": fn in (OURS, SLIME_ASYNC), "direct": fn == SLIME_ASYNC,
+                "kill_delay_s": a.kill_delay_s, "kill_notice_s": a.kill_notice_s,
                 "overrides": {"max_weight_version_lag": a.lag} if fn == OURS and a.lag is not None else {}}
         return {**base, **kw}
 

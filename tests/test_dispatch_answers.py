@@ -38,7 +38,8 @@ MALFORMED = {   # shape -> (body, field the reason names)
     "a bool token id": (_bad(output_token_logprobs=[[-0.5, 7], [-0.4, True]]), "meta_info.output_token_logprobs[1]"),
     "a negative token id": (_bad(output_token_logprobs=[[-0.5, -7]]), "meta_info.output_token_logprobs[0]"),
     "a null logprob": (_bad(output_token_logprobs=[[-0.5, 7], [None, 8]]), "meta_info.output_token_logprobs[1]"),
-    "a pair that is an object": (_bad(output_token_logprobs=[{"0": -0.5, "1": 7}]), "meta_info.output_token_logprobs[0]"),
+    "a pair that is an object": (_bad(output_token_logprobs=[{"0": -0.5, "1": 7}]),
+                                 "meta_info.output_token_logprobs[0]"),
     "prompt_tokens null": (_bad(prompt_tokens=None), "meta_info.prompt_tokens"),
     "no meta_info": (_no_meta(), "meta_info"),
 }

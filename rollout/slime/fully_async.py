@@ -225,8 +225,10 @@ class Pool:
         out: list = []
         try:
             await self._wait(want, out)
-        finally:
-            await asked   # before the caller publishes the current version (a restarted engine must match it)
+        except BaseException:
+            asked.cancel()
+            raise
+        await asked   # before the caller publishes the current version (a restarted engine must match it)
         return out
 
     async def _wait(self, want: int, out: list) -> None:
