@@ -117,12 +117,14 @@ class _Eng:
         self.name, self.url, self.api_key = name, f"http://127.0.0.1:{port}", None
 
 
-async def _engine(log):
+async def _engine(log, answered=None):
     async def generate(request):
         body = await request.json()
         log.append((asyncio.get_running_loop().time(), body))
         n = body["sampling_params"]["max_new_tokens"]
         await asyncio.sleep(0.02)
+        if answered is not None:
+            answered.append((asyncio.get_running_loop().time(), n))
         return web.json_response({"meta_info": {
             "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
             "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
@@ -131,10 +133,10 @@ async def _engine(log):
     return server, server.port
 
 
-def _dispatch(placement):
+def _dispatch(placement, answered=None):
     async def go():
         log = []
-        runner, port = await _engine(log)
+        runner, port = await _engine(log, answered)
         try:
             async with EngineClient() as client:
                 d = Dispatcher(client, {"max_new_tokens": 3}, capacity=8, placement=placement)
@@ -148,12 +150,14 @@ def _dispatch(placement):
 
 
 def test_dispatcher_pins_the_group_and_sends_the_primer_first():
-    log, samples = _dispatch(Placement(4, 8))
+    answered = []
+    log, samples = _dispatch(Placement(4, 8), answered)
     primers = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] == 0]
     sent = [(t, b) for t, b in log if b["sampling_params"]["max_new_tokens"] > 0]
     assert len(primers) == 1 and len(sent) == 4
     assert {b["routed_dp_rank"] for _, b in log} == {primers[0][1]["routed_dp_rank"]}
-    assert min(t for t, _ in sent) >= primers[0][0] + 0.02     # after the primer's answer
+    primer_answered = [t for t, n in answered if n == 0]
+    assert min(t for t, _ in sent) >= primer_answered[0]       # after the primer's answer
     assert {s.dp_rank for s in samples} == {primers[0][1]["routed_dp_rank"]}
     assert all(s.status is SampleStatus.TRUNCATED for s in samples)
 
