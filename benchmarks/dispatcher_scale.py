@@ -18,7 +18,8 @@ What each side builds once (the manager's dispatcher and samples, the direct sid
 is built before its run is timed.
 Printed at that shape ("seed") and at a shallow depth (32 in flight, batches of 32 back to back, the two
 sides alternated batch by batch so that load on a shared machine hits both alike; each timed round
-starts after gc.collect()): requests/s (wall), client CPU per request (process CPU time /
+starts after gc.collect() and gc.freeze(), so that no side's run pays a full collection of a heap the
+other side or the set-up built): requests/s (wall), client CPU per request (process CPU time /
 requests: insensitive to other load on a shared machine), per-request latency p50/p99 and what the
 manager adds. Judged (benchmarks/targets.toml): manager / direct
 requests per CPU-second of the client core (the rate each reaches on a dedicated core), the median
@@ -170,7 +171,8 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
         for r in range(rounds):  # a/b/b/a, so drift hits both sides alike
             order = ("direct", "manager") if r % 2 == 0 else ("manager", "direct")
             runs = {name: [0, 0.0, 0.0, []] for name in order}
-            gc.collect()  # each round starts from the same heap: no collection debt left by the other side
+            gc.collect()  # each round starts from the same heap: no collection debt left by the other side,
+            gc.freeze()   # and what exists now is never scanned again in this round's collections
             for b in range(batches):  # a shallow shape: batch by batch a/b/b/a, so both sides see the same load
                 for name in (order if b % 2 == 0 else order[::-1]):
                     fn = _direct if name == "direct" else _manager
@@ -182,6 +184,7 @@ async def _bench(ports, groups, n, conc, rounds, batches=1):
                     run[1] += time.perf_counter() - t0
                     run[2] += time.process_time() - c0
                     run[3] += lat
+            gc.unfreeze()
             for name in order:
                 out[name].append(tuple(runs[name]))
     return out

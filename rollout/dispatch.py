@@ -184,14 +184,11 @@ class Dispatcher:
         return slot
 
     async def _acquire(self, sample: Sample) -> EngineEntry:
-        """A slot (of the engine `sample` is placed on, with a placement); waits FIFO while none is free
-        (woken one at a time by _release, all at once by admit/remove/close or when a suspect slot's
-        pause ends: no polling, no thundering herd)."""
+        """A slot (of the engine `sample` is placed on, with a placement), for a caller whose `_take` found
+        none free: waits FIFO (woken one at a time by _release, all at once by admit/remove/close or when a
+        suspect slot's pause ends: no polling, no thundering herd), then takes one."""
+        name = self.place(sample)
         while True:
-            name = self.place(sample)
-            slot = self._take(name)
-            if slot is not None:
-                return slot
             fut = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(name, collections.deque()).append(fut)
             try:
@@ -200,6 +197,10 @@ class Dispatcher:
                 if fut.done() and not fut.cancelled():
                     self._wake_one(name)  # we were handed a wake-up we will not use: pass it on
                 raise
+            name = self.place(sample)
+            slot = self._take(name)
+            if slot is not None:
+                return slot
 
     def _wake_one(self, name: Optional[str] = None) -> None:
         """Wake the first waiter for engine `name`, else the first waiting for any engine."""
@@ -277,7 +278,7 @@ class Dispatcher:
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
             try:   # a free slot at once (the usual case) without a coroutine of its own; else wait for one
-                slot = self._take(self.place(sample))
+                slot = self._take(None if self.placement is None else self.place(sample))
                 if slot is None:
                     slot = await self._acquire(sample)
             except DispatcherClosed as e:
@@ -306,8 +307,11 @@ class Dispatcher:
                 out = e
             finally:
                 slot.inflight.pop(rid, None)
-                slot.lost.discard(rid)
-                self._release(slot)
+                if slot.lost:
+                    slot.lost.discard(rid)
+                slot.release(True)   # _release, inline: this runs for every request
+                if self._waiters:
+                    self._wake_one(slot.engine.name if self.placement else None)
                 if self.placement is not None:
                     self._unplace(sample, out)
             if out is None:                  # the batch filled while it waited for its primer: not sent
@@ -376,18 +380,22 @@ class Dispatcher:
             sample.outputs.append((len(sample.response_ids) - before, out.text, out.kept()))
 
     def _take_answer(self, sample: Sample, out: Answer) -> None:
-        if self.routed_experts and out.finish == "abort" and out.meta.get("routed_experts") is None:
+        routed = self.layout is not None
+        if routed and out.finish == "abort" and out.meta.get("routed_experts") is None:
             # aborted before it ran (queued when the batch filled): nothing to keep, resume later
             self.unrouted_aborts += 1
             sample.status, sample.error = SampleStatus.ABORTED, None
             return
-        start_len = continuation_start(sample.routed_experts, sample.num_tokens) if self.routed_experts else 0
-        sample.response_ids = [*sample.response_ids, *out.token_ids]
-        sample.logprobs = [*sample.logprobs, *out.logprobs]
+        start_len = continuation_start(sample.routed_experts, sample.num_tokens) if routed else 0
+        if sample.response_ids:   # a continuation; a first answer's lists are the parser's own, taken as they are
+            sample.response_ids = [*sample.response_ids, *out.token_ids]
+            sample.logprobs = [*sample.logprobs, *out.logprobs]
+        else:
+            sample.response_ids, sample.logprobs = out.token_ids, out.logprobs
         versions.note(sample, len(out.token_ids), out.meta)
         sample.status = FINISH_STATUS.get(out.finish, SampleStatus.COMPLETED)
         sample.error = None
-        if self.routed_experts:
+        if routed:
             arr, reason = sample_routed_experts(out.meta, sample.num_tokens, self.layout, held=sample.routed_experts,
                                                 start_len=start_len, sent_version=sample.sent_version)
             if reason:

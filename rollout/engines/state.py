@@ -90,14 +90,17 @@ class EngineTable:
         ends, or None). Raises DispatcherClosed once closed."""
         if self.closed_reason:
             raise DispatcherClosed(self.closed_reason)
-        now = time.monotonic()
-        slot = paused = None   # one pass, no lists: this runs for every request
+        now = slot = paused = None   # one pass, no lists, the clock read only for a suspect: this runs per request
         for s in (self.slots.values() if name is None else [self.slots[name]] if name in self.slots else ()):
             if s.outstanding >= s.capacity:
                 continue
-            if s.suspect_until > now:
-                paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
-            elif slot is None or (s.outstanding, s.served) < (slot.outstanding, slot.served):
+            if s.suspect_until:
+                now = now or time.monotonic()
+                if s.suspect_until > now:
+                    paused = s.suspect_until if paused is None else min(paused, s.suspect_until)
+                    continue
+            if slot is None or s.outstanding < slot.outstanding or \
+                    (s.outstanding == slot.outstanding and s.served < slot.served):
                 slot = s
         if slot is not None:
             slot.outstanding += 1
