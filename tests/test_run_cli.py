@@ -227,6 +227,59 @@ def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
     assert f"{n} / {n} ({n - before} in this run)" in p2.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(1800)   # two engine starts on a loaded 2-core machine
+def test_kill9_of_run_across_a_weight_update_then_resume(tmp_path, tiny_model):
+    """A REAL SGLang 0.5.23 CPU engine (routed experts on): `run --weight-update 2:CKPT` loads another checkpoint
+    of the tiny model as version 1 after 2 lines; kill -9 once a line after the update is written, then
+    `run --resume OUTPUT` (no flag): every group exactly once, none aborted or re-sent, the first 2 lines all of
+    the base weights, every line of the resumed run all of version 1 (the recorded update applied before its first
+    group), routed experts in every sample. The stand-in version: tests/test_weight_update_stream.py."""
+    import signal
+
+    from rollout.models.tiny import build_tiny_glm
+
+    other = build_tiny_glm(path=str(tmp_path / "tiny-glm45-seed1"), seed=1)
+    d = _tiny()
+    d["model"]["path"] = tiny_model
+    d["engine_groups"][0].update(engines=1, routed_experts=True)
+    d["rollout"]["sampling"]["max_new_tokens"] = 32
+    d["rollout"]["base_port"] = _free_base_port()
+    d["rollout"]["budgets"].update(http_s=600, server_up_s=600, health_generate_s=600)   # a loaded machine
+    cfg, out, n = _write(tmp_path, d, "wu.yaml"), tmp_path / "r.jsonl", 10
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    rows = lambda: [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
+    spans = lambda r: {x["version"] for s in r["samples"] for x in s["weight_version_spans"]}    # noqa: E731
+    with open(tmp_path / "run1.err", "w") as err:
+        p = subprocess.Popen([cli, "run", "--config", cfg, "--num-groups", str(n), "--output", str(out),
+                              "--weight-update", f"2:{other}"], cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+        try:
+            _wait(lambda: any("1" in spans(r) for r in rows()) or p.poll() is not None, 900,
+                  "a line of version 1 written")
+            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    first = rows()
+    assert 3 <= len(first) < n, f"{len(first)} lines before the kill: make the run longer"
+    assert all(spans(r) == {"default"} for r in first[:2]), [spans(r) for r in first]
+    _wait(lambda: subprocess.run(["pgrep", "-f", "--", f"--port {d['rollout']['base_port']}"],
+                                 capture_output=True).returncode != 0, 60, "the killed run's engine gone")
+    p2 = subprocess.run([cli, "run", "--resume", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    run_id = json.loads((tmp_path / "r.jsonl.run.json").read_text())["run_id"]
+    got = rows()
+    assert got[:len(first)] == first
+    assert sorted(r["group_id"] for r in got) == sorted(f"{run_id}-g{i}" for i in range(n))  # exactly once
+    assert all(spans(r) == {"1"} for r in got[len(first):]), [spans(r) for r in got[len(first):]]
+    samples = [s for r in got for s in r["samples"]]
+    assert {(s["status"], s["attempts"], s["resumes"]) for s in samples} <= {("completed", 1, 0), ("truncated", 1, 0)}
+    assert all(s["routed_experts"] is not None for s in samples)
+    assert "1 after 2 groups" in p2.stderr, p2.stderr[-2000:]
+
+
 def test_resume_of_a_finished_run_starts_nothing(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     (tmp_path / "r.jsonl.run.json").write_text(json.dumps({"run_id": "a", "config": TINY, "seed": 0, "num_groups": 2}))

@@ -54,7 +54,8 @@ PORTS = {
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP_REQ_IDX: "bd3c33a693d14000", rr.SPLICE: "d5129896884dfd79",
                              rr.STATE: "a1fba558fef5e717"}),  # slime's patches leave all three alone
-    "retraction-routes": Port({rro.PLAN: "7467af5eea027cfe", rro.FORCE: "d35e7c95c6f53c68"}),
+    "retraction-routes": Port({rro.PLAN: "7467af5eea027cfe", rro.FORCE: "d35e7c95c6f53c68",
+                               rro.OWN_PREFIX: "bd3c33a693d14000"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "6971b23c569722f0",
                                  wup.FLUSH_PAUSED: "df78e1c0280fd296"}),
     "tokenizer-workers": Port({tw.LOAD: "5885ee07efea2af2"}),

@@ -32,7 +32,8 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "a7e61b4cbd9bf676"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": Port({rr.KEEP: "8927d8193e9b876c", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
-    "retraction-routes": Port({rro.PLAN: "8c6ed80ef5c4aad7", rro.FORCE: "341b770111507e5e"}),
+    "retraction-routes": Port({rro.PLAN: "8c6ed80ef5c4aad7", rro.FORCE: "341b770111507e5e",
+                               rro.OWN_PREFIX: "8927d8193e9b876c"}),
     "weight-update-pause": same_as("v0_5_23"),
     "tokenizer-workers": same_as("v0_5_20"),
     # CPU family

@@ -25,7 +25,8 @@ PORTS = {
     "draft-token-count": Port({dtc.COUNT_GLOBAL: "01b5d0ced0bda937"}, test=FIX_TEST),
     "accepted-path-rows": same_as("v0_5_23"),
     "retraction-rows": same_as("v0_5_23"),
-    "retraction-routes": Port({rro.PLAN: "8bfc6d00f35c796c", rro.FORCE: "bca6b45583429e3c"}),
+    "retraction-routes": Port({rro.PLAN: "8bfc6d00f35c796c", rro.FORCE: "bca6b45583429e3c",
+                               rro.OWN_PREFIX: "e9a690b5c7084bb5"}),
     "weight-update-pause": same_as("v0_5_23"),
     "tokenizer-workers": same_as("v0_5_20"),
     # CPU family

@@ -49,7 +49,8 @@ PORTS = {
         "reaches it: routed experts with speculative decoding use eagle_topk 1; config check and the engine "
         "(routed-experts-rows' capturer hook) refuse top-k > 1 with routed experts")),
     "retraction-rows": Port({rr.KEEP: "e9a690b5c7084bb5", rr.SPLICE: "0a42f229acf94e72", rr.STATE: "153426e70898ed8b"}),
-    "retraction-routes": Port({rro.PLAN: "4e9bb4d5e649e2f1", rro.FORCE: "4402979b49f0f123"}),
+    "retraction-routes": Port({rro.PLAN: "4e9bb4d5e649e2f1", rro.FORCE: "4402979b49f0f123",
+                               rro.OWN_PREFIX: "e9a690b5c7084bb5"}),
     "weight-update-pause": Port({wup.RETRACT_PAUSE: "f614eaca4d104fd0", wup.KEEP_ON_VERSION: "f4822939e280a0aa"}),
     "tokenizer-workers": Port({tw.LOAD: "7b68d6a8a80953ba"}),
     # CPU family

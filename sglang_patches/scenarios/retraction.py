@@ -425,7 +425,46 @@ def retraction_routes_draft():
     return {"ok": ids == _natural(logits), "detail": f"routes {ids}, want the router's {_natural(logits)}"}
 
 
-GUARDS += ("retraction_routes_draft",)
+def _reprefill_match(routed=True):
+    """(the retracted request's radix key, how many tokens of another request's cached prompt its re-prefill's
+    match reuses): SGLang's own `release_req`, then its `RadixCache.match_prefix` on a tree where another
+    request (the same prompt, prefilled after the retraction with its own routes) cached its prompt."""
+    import torch
+    from array import array
+    from sglang.srt.mem_cache.radix_cache import InsertParams, MatchPrefixParams, RadixCache, RadixKey
+
+    with ExitStack() as stack:
+        e = Engine(stack)
+        e.req.return_routed_experts = routed
+        _first_life(e)
+        e.retract()
+        tree = RadixCache.create_simulated()
+        prompt = array("q", e.req.origin_input_ids)
+        tree.insert(InsertParams(key=RadixKey(prompt, None), value=torch.arange(50, 50 + PROMPT)))
+        tokens = array("q", e.req.origin_input_ids + e.req.output_ids)
+        hit = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, e.req.extra_key)))
+        # 0.5.23 reports a length (the indices lie on the node path), earlier releases the indices
+        return e.req.extra_key, getattr(hit, "device_prefix_len", None) or len(getattr(hit, "device_indices", ()))
+
+
+@scenario
+def retraction_routes_own_prefix():
+    # Retracted after 3 tokens, its rows kept: its re-prefill must compute its prefix with the kept routes, not
+    # reuse the prompt another request cached meanwhile (no plan forces reused positions).
+    key, hit = _reprefill_match()
+    return {"ok": hit == 0 and str(key).startswith("slime-moe-rollout-kept:r0"),
+            "detail": f"re-prefill key {key!r} reuses {hit} cached tokens of another request's prefill"}
+
+
+@scenario
+def retraction_routes_own_prefix_unkept():
+    # No routed experts asked for: nothing kept, the request shares the cache as SGLang does.
+    key, hit = _reprefill_match(routed=False)
+    return {"ok": key is None and hit == PROMPT,
+            "detail": f"re-prefill key {key!r} reuses {hit} cached tokens of another request's prefill"}
+
+
+GUARDS += ("retraction_routes_draft", "retraction_routes_own_prefix_unkept")
 
 # ---- retraction-rows' state: SGLang's own TokenizerManager._wait_one_response ----------------------------------
 def wait_one_response(outs, custom_params=None):
@@ -540,6 +579,7 @@ EXPECT_STOCK = {
                                       "the kept [[4, 5], [7, 5], [1, 5], [7, 1], [0, 2], [7, 2]]",
     "retraction_routes_dp_padded": "re-prefill routes [[7, 6], [4, 2], [7, 3], [5, 4], [6, 7], [5, 4]], want "
                                    "the kept [[2, 1], [1, 7], [1, 5], [7, 1], [0, 2], [7, 2]]",
+    "retraction_routes_own_prefix": "re-prefill key None reuses 4 cached tokens of another request's prefill",
     "retraction_state_kept": "stamp None, evidence None",
     "retraction_state_capped": "stamp None, evidence None",   # (before the scheduler's word: 'sampling-time')
     "retraction_state_stamped": "answer meta_info keys [['finish_reason', 'routed_experts']], "
