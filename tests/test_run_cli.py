@@ -189,13 +189,28 @@ def _wait(cond, budget_s, what):
         time.sleep(0.5)
 
 
+def _kill9_once(args, tmp_path, until, what):
+    """`slime-moe-rollout ARGS` killed with SIGKILL once `until()` holds (its engines die with it)."""
+    import signal
+
+    cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
+    with open(tmp_path / "run1.err", "w") as err:
+        p = subprocess.Popen([cli, *args], cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
+        try:
+            _wait(lambda: until() or p.poll() is not None, 900, what)
+            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(1800)   # two engine starts on a loaded 2-core machine
 def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
     """kill -9 of `run` mid-way (its engines die with it), then `run --resume OUTPUT`: the lines
     left plus the lines added are every requested group exactly once, under the run's one id."""
-    import signal
-
     d = _tiny()
     d["model"]["path"] = os.path.join(ROOT, d["model"]["path"])
     d["engine_groups"][0]["engines"] = 1
@@ -204,17 +219,8 @@ def test_kill9_of_run_then_resume_gives_every_group_exactly_once(tmp_path):
     cfg, out, n = _write(tmp_path, d, "kill.yaml"), tmp_path / "r.jsonl", 12
     cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
     lines = lambda: out.read_text().count("\n") if out.exists() else 0  # noqa: E731
-    with open(tmp_path / "run1.err", "w") as err:
-        p = subprocess.Popen([cli, "run", "--config", cfg, "--num-groups", str(n), "--output", str(out)],
-                             cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
-        try:
-            _wait(lambda: lines() >= 2 or p.poll() is not None, 900, "2 groups written")
-            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
-            os.kill(p.pid, signal.SIGKILL)
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+    _kill9_once(["run", "--config", cfg, "--num-groups", str(n), "--output", str(out)], tmp_path,
+                lambda: lines() >= 2, "2 groups written")
     before = lines()
     assert 2 <= before < n, f"{before} lines before the kill: make the run longer"
     run_id = json.loads((tmp_path / "r.jsonl.run.json").read_text())["run_id"]
@@ -235,8 +241,6 @@ def test_kill9_of_run_across_a_weight_update_then_resume(tmp_path, tiny_model):
     `run --resume OUTPUT` (no flag): every group exactly once, none aborted or re-sent, the first 2 lines all of
     the base weights, every line of the resumed run all of version 1 (the recorded update applied before its first
     group), routed experts in every sample. The stand-in version: tests/test_weight_update_stream.py."""
-    import signal
-
     from rollout.models.tiny import build_tiny_glm
 
     other = build_tiny_glm(path=str(tmp_path / "tiny-glm45-seed1"), seed=1)
@@ -250,18 +254,8 @@ def test_kill9_of_run_across_a_weight_update_then_resume(tmp_path, tiny_model):
     cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
     rows = lambda: [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
     spans = lambda r: {x["version"] for s in r["samples"] for x in s["weight_version_spans"]}    # noqa: E731
-    with open(tmp_path / "run1.err", "w") as err:
-        p = subprocess.Popen([cli, "run", "--config", cfg, "--num-groups", str(n), "--output", str(out),
-                              "--weight-update", f"2:{other}"], cwd=ROOT, stderr=err, stdout=subprocess.DEVNULL)
-        try:
-            _wait(lambda: any("1" in spans(r) for r in rows()) or p.poll() is not None, 900,
-                  "a line of version 1 written")
-            assert p.poll() is None, (tmp_path / "run1.err").read_text()[-2000:]
-            os.kill(p.pid, signal.SIGKILL)
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+    _kill9_once(["run", "--config", cfg, "--num-groups", str(n), "--output", str(out), "--weight-update",
+                 f"2:{other}"], tmp_path, lambda: any("1" in spans(r) for r in rows()), "a line of version 1 written")
     first = rows()
     assert 3 <= len(first) < n, f"{len(first)} lines before the kill: make the run longer"
     assert all(spans(r) == {"default"} for r in first[:2]), [spans(r) for r in first]
