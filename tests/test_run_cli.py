@@ -249,8 +249,9 @@ def test_kill9_of_run_across_a_weight_update_then_resume(tmp_path, tiny_model):
     d["engine_groups"][0].update(engines=1, routed_experts=True)
     d["rollout"]["sampling"]["max_new_tokens"] = 32
     d["rollout"]["base_port"] = _free_base_port()
+    d["rollout"].update(concurrency_per_engine=2, batch_size=2)   # one group at a time: the lines trickle
     d["rollout"]["budgets"].update(http_s=600, server_up_s=600, health_generate_s=600)   # a loaded machine
-    cfg, out, n = _write(tmp_path, d, "wu.yaml"), tmp_path / "r.jsonl", 10
+    cfg, out, n = _write(tmp_path, d, "wu.yaml"), tmp_path / "r.jsonl", 24
     cli = os.path.join(os.path.dirname(sys.executable), "slime-moe-rollout")
     rows = lambda: [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []  # noqa: E731
     spans = lambda r: {x["version"] for s in r["samples"] for x in s["weight_version_spans"]}    # noqa: E731
