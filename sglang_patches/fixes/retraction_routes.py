@@ -15,13 +15,12 @@ Fix (three surgical wrappers; only requests whose rows `retraction-rows` kept ar
   (sigmoid with a correction bias, else softmax; renormalized when the config says) at those experts, scaled
   as SGLang scaled the ids it chose, which is checked on the same rows first: where the formula does not
   reproduce SGLang's weights the layer keeps SGLang's choice (logged once).
-
 - AFTER `release_req` (every retraction): a request whose rows were kept matches and inserts its prefix in a radix
   namespace of its own (``Req.extra_key`` prefixed with `OWN_KEY` and its rid). Otherwise its re-prefill reuses
   the prefix another request cached meanwhile (after a weight update: the same prompt prefilled under the new
   weights with that request's own routes), no plan forces those positions, and its later tokens attend to KV
-  no returned row describes; measured on the near-tie model: 95 of 96 prompt tokens reused, 384 of 500 kept
-  token-layer rows off. The cost: such a request re-prefills its whole prefix.
+  no returned row describes (measured on the near-tie model after a weight update: 384 of 500 kept token-layer
+  rows routed elsewhere by the re-prefill). The cost: such a request re-prefills its whole prefix.
 
 So the re-prefill's KV is the one the returned rows describe, and the captured rows of those positions are the
 kept ones. Draft-model routers (no capture) are left alone.
