@@ -5,7 +5,7 @@ One engine runs one request at a time (`max_running_requests: 1`). A is decoding
 update pauses in retract mode (A keeps its rows), loads another checkpoint (seed 1), continues. B prefills first
 under the new weights with its own routes and caches the prompt; then A re-prefills. Without its own radix
 namespace (`retraction-routes`, AFTER `release_req`) A reused B's cached prompt, so no plan forced those positions:
-A's evidence counted 384 of 500 kept token-layer rows the re-prefill routed elsewhere. With it: 0. The same
+A's evidence counted 384 of 570 kept token-layer rows the re-prefill routed elsewhere. With it: 0. The same
 defect on every release's own code: sglang_patches/scenarios/retraction.py (`retraction_routes_own_prefix`).
 """
 import asyncio
@@ -17,7 +17,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = 64   # tokens per request (min_new_tokens: A is still decoding when B arrives)
+N = 128   # tokens per request (min_new_tokens: A is still decoding when B arrives)
 PROMPT = 96
 
 
@@ -35,17 +35,14 @@ async def _scenario(model, other):
     mgr = RolloutManager.from_config(cfg, LocalBackend(tempfile.mkdtemp(prefix="own-prefix-")), model,
                                      ports=[free_port(cfg.rollout.host)])
     await mgr.start()
-    url = list(mgr.dispatcher.slots.values())[0].engine.url
+    engine = list(mgr.dispatcher.slots.values())[0].engine
+    url = engine.url
     prompt = [3 + (i * 37) % 290 for i in range(PROMPT)]
     body = {"input_ids": prompt, "return_logprob": True, "return_routed_experts": True,
             "sampling_params": {"max_new_tokens": N, "min_new_tokens": N, "temperature": 1.0}}
     done = []
     try:
         async with aiohttp.ClientSession() as s:
-            async def post(path, payload):
-                async with s.post(url + path, json=payload) as r:
-                    assert r.status == 200, (path, r.status, await r.text())
-
             async def stream_a(started):
                 async with s.post(url + "/generate", json={**body, "stream": True}) as r:
                     last = None
@@ -67,12 +64,12 @@ async def _scenario(model, other):
             ta = asyncio.create_task(stream_a(started))
             await asyncio.wait_for(started.wait(), 300)     # A decodes
             tb = asyncio.create_task(gen_b())
-            await asyncio.sleep(0.5)                        # B waits in the queue (one request at a time)
-            await post("/pause_generation", {"mode": "retract"})
-            await post("/flush_cache", None)
-            await post("/update_weights_from_disk", {"model_path": other, "weight_version": "1"})
-            await post("/update_weight_version", {"new_version": "1", "abort_all_requests": False})
-            await post("/continue_generation", {})
+            end = time.monotonic() + 120                    # B waits in the queue (one request at a time)
+            while sum(x.get("num_waiting_reqs", 0) for x in await mgr.client.loads(engine)) < 1:
+                assert time.monotonic() < end and not ta.done(), "B never waited while A decoded"
+                await asyncio.sleep(0.02)
+            # the manager's update: retract-mode pause, flush, load, the version published without aborting, continue
+            await mgr.update_weights_from_disk(other, "1")
             a, b = await asyncio.wait_for(asyncio.gather(ta, tb), 600)
     finally:
         await mgr.stop()
