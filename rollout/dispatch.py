@@ -371,7 +371,8 @@ class Dispatcher:
 
     def _unplace(self, sample: Sample, out) -> None:
         if self.placement is not None:
-            self.placement.done(sample, out.prompt_tokens + out.completion_tokens if isinstance(out, Answer) else 0)
+            work = out.prompt_tokens - out.cached_tokens + out.completion_tokens if isinstance(out, Answer) else 0
+            self.placement.done(sample, work)
 
     def _apply(self, sample: Sample, out: Answer) -> None:
         before = len(sample.response_ids)

@@ -3,10 +3,13 @@
 Each attention-DP rank of an SGLang engine has its own radix cache and KV pool, and SGLang's DP
 controller picks a rank per request without looking at prefixes (round robin, requests or tokens), so
 a group sent sample by sample is prefilled on up to n ranks. Here a group is placed when its first
-sample asks, on the rank with the least predicted load (then the least served): the tokens still to be
-prefilled or generated there (each placed group's prompt once, plus every unanswered sample's remaining
-budget). With DP attention the ranks step together, so the rank with the most work left sets the step's
-time: the least loaded rank gets the next group, which keeps the maximum low (min-max). A group larger
+sample asks, on the rank free first (then the least served): the least of the tokens it has prefilled
+or generated (`level`) plus its predicted load (each placed group's prompt once, plus every unanswered
+sample's remaining budget). With DP attention the ranks step together, so the rank with the most work
+left sets the step's time, and every busy rank has advanced as far as the others: the total a rank was
+given says which finishes first, where the predicted load alone counts an attempt half done as not
+started. A rank found idle is raised to the most any rank has served (the time it idled is lost, not
+owed, so it is not flooded). Least first keeps the maximum low (min-max). A group larger
 than one rank should hold (the engine's concurrency over its DP ranks) goes over the fewest ranks. The
 group's whole load is reserved at once (each sibling's own budget replaces its share as it takes its
 seat), so groups placed together spread out; a (re-)admitted rank starts level with the others. A sample
@@ -47,7 +50,8 @@ Key = tuple   # (engine name, DP rank)
 @dataclass
 class RankLoad:
     outstanding: int = 0     # predicted load: tokens reserved or in flight (prompts once + remaining budgets)
-    served: int = 0          # tokens of answered attempts (prompt + generated)
+    served: int = 0          # tokens prefilled or generated here (answers' uncached prompt + completion, primers)
+    level: int = 0           # served, on the ranks' common clock: raised to the most served when found idle
     requests: int = 0
 
 
@@ -78,6 +82,7 @@ class Placement:
         self.primed = self.primer_failures = self.primer_prefilled = 0   # primers sent, failed; tokens they prefilled
         self.primer_at: collections.Counter = collections.Counter()       # key -> tokens its primers prefilled
         self.expected: collections.OrderedDict[str, int] = collections.OrderedDict()   # group id -> samples coming
+        self.top = 0                             # the most any rank's `level` reached
 
     # ---------------------------------------------------------------- engines
     def admit(self, engine: str, dp_ranks: Optional[int]) -> None:
@@ -87,7 +92,7 @@ class Placement:
         self.dp[engine] = n
         start = sum(v.served for v in self.ranks.values()) // max(1, len(self.ranks))
         for r in range(n):   # a (re-)admitted rank starts level with the others, so it is not flooded
-            self.ranks[(engine, r)] = RankLoad(served=start)
+            self.ranks[(engine, r)] = RankLoad(served=start, level=self.top)
 
     def remove(self, engine: str) -> None:
         for r in range(self.dp.pop(engine, 0)):
@@ -128,6 +133,7 @@ class Placement:
         """(key, charge, seated): where the attempt goes and the load it adds there."""
         own = (sample.engine, getattr(sample, "dp_rank", None))
         if own[0] is not None and self._ok(own):
+            self._lift(own)
             least = min((k for k in self.ranks if self._ok(k)), key=lambda k: self.ranks[k].outstanding)
             if self.ranks[own].outstanding - self.ranks[least].outstanding > sample.num_tokens + cost:
                 return least, cost, False          # a continued sample whose rank fell behind: re-balanced
@@ -153,6 +159,20 @@ class Placement:
     def _ok(self, key: Key) -> bool:
         return key in self.ranks and key[0] not in self._avoid
 
+    def _lift(self, key: Key) -> None:
+        """An idle rank lost the time it idled (the ranks step together): it starts from the common clock,
+        at least the most any rank has served, not behind it."""
+        load = self.ranks[key]
+        if load.outstanding <= 0:
+            load.level = max(load.level, self.top)
+
+    def _add_work(self, key: Key, tokens: int) -> None:
+        load = self.ranks.get(key)
+        if load is not None:
+            load.served += tokens
+            load.level += tokens
+            self.top = max(self.top, load.level)
+
     def _unseat_one(self, group: _Placed, key: Key) -> None:
         if key in self.ranks:
             self.ranks[key].outstanding -= group.seats[key] * group.charge(key, group.cost)
@@ -165,9 +185,11 @@ class Placement:
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))
         n = self.expected.get(sample.group_id) or self.group_size
         parts = min(len(keys), math.ceil(n / per_rank))
-        # min-max: the least predicted load left (the ranks step together), then the least served
+        # min-max: the least work on the common clock (served + predicted load left), then the least served
         load = self.ranks
-        best = sorted(keys, key=lambda k: (load[k].outstanding, load[k].served))[:parts]
+        for k in keys:
+            self._lift(k)
+        best = sorted(keys, key=lambda k: (load[k].level + load[k].outstanding, load[k].served))[:parts]
         seats = {k: n // parts + (i < n % parts) for i, k in enumerate(best)}
         placed = _Placed(seats, cost, min(cost, len(sample.prompt_ids)))
         for k, s in seats.items():
@@ -187,8 +209,9 @@ class Placement:
             group.seats[k] = 0
 
     def done(self, sample, served_tokens: int = 0) -> None:
-        """`sample`'s attempt ended: its cost is released, `served_tokens` counted on its rank. The
-        first attempt of a group to end also releases the seats its siblings did not take."""
+        """`sample`'s attempt ended: its cost is released, `served_tokens` (what it prefilled uncached and
+        generated) counted on its rank. The first attempt of a group to end also releases the seats its
+        siblings did not take."""
         held = self.current.pop(sample.sample_id, None)
         if held is None:
             return
@@ -196,8 +219,8 @@ class Placement:
         load = self.ranks.get(key)
         if load is not None:
             load.outstanding -= cost
-            load.served += served_tokens
             load.requests += 1
+            self._add_work(key, served_tokens)
         group = self.groups.get(gid) if gid else None
         if group is not None:
             self._unseat(group)
@@ -230,5 +253,6 @@ class Placement:
             new = int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
             self.primer_prefilled += new
             self.primer_at[key] += new
+            self._add_work(key, new)
         except EngineError:   # the samples go anyway, prefilled once each at worst
             self.primer_failures += 1

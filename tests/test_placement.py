@@ -1,4 +1,4 @@
-"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by outstanding tokens,
+"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by their work on the common clock,
 big groups over the fewest ranks, continued samples back to their rank, a lost engine's groups placed
 again together, the prompt primed once; and the dispatcher sending `routed_dp_rank` and the primer."""
 import asyncio
@@ -179,6 +179,33 @@ def test_an_engine_that_just_failed_a_connection_is_avoided_and_the_group_moves_
     held = _group("h", 1)[0]
     (k2,) = {p.place(held, 5)}
     assert p.place(held, 5, avoid={k2[0]})[0] != k2[0]     # a placed, unsent attempt moves too
+
+def test_a_new_group_goes_to_the_rank_free_first_on_the_common_clock():
+    """The ranks step together, so a rank's work left is what it was given less what every rank has done
+    meanwhile. r0 got a group of 2 x 600 tokens, r1 one of 2 x 400, at once; r0's first sample is answered
+    (600 tokens). r0 has less outstanding (600 < 800), but r1 is free first (800 - 600 < 1,200 - 600):
+    the next group goes to r1, and r0 ends the step with 1,200 + 300 against r1's 800 no more."""
+    p = _placement(engines=1, dp=2, n=2)
+    big, small = _group("big", 2, prompt_len=1), _group("small", 2, prompt_len=1)
+    assert {p.place(s, 600) for s in big} == {("e0", 0)}
+    assert {p.place(s, 400) for s in small} == {("e0", 1)}
+    p.done(big[0], 600)
+    assert p.ranks[("e0", 0)].outstanding < p.ranks[("e0", 1)].outstanding
+    nxt = {p.place(s, 150) for s in _group("next", 2, prompt_len=1)}
+    assert nxt == {("e0", 1)}, f"the next group went to {nxt}: the least outstanding, not the rank free first"
+
+
+def test_an_idle_rank_is_not_owed_the_time_it_idled():
+    """A rank that idled while another served 1,000 tokens lost that time: two groups placed together
+    afterwards go one to each rank, not both to the idle one to 'catch up' (which would leave the other
+    rank idle while it works through both)."""
+    p = _placement(engines=2, dp=1, n=1)
+    s = Sample("w/0", "w", 0, [1])
+    assert p.place(s, 1000) == ("e0", 0)
+    p.done(s, 1000)
+    got = [p.place(Sample(f"g{i}/0", f"g{i}", 0, [1]), 100) for i in range(2)]
+    assert sorted(got) == [("e0", 0), ("e1", 0)], f"groups placed on {got}: the idle rank was flooded"
+
 
 
 def test_balance_over_the_step_and_a_readmitted_engine_is_not_flooded():
