@@ -3,9 +3,10 @@
 Each attention-DP rank of an SGLang engine has its own radix cache and KV pool, and SGLang's DP
 controller picks a rank per request without looking at prefixes (round robin, requests or tokens), so
 a group sent sample by sample is prefilled on up to n ranks. Here a group is placed when its first
-sample asks, on the rank free first (then the least served): the least of the tokens it has prefilled
-or generated (`level`) plus its predicted load (each placed group's prompt once, plus every unanswered
-sample's remaining budget). With DP attention the ranks step together, so the rank with the most work
+sample asks, on the rank free first (then the least served): the least of the tokens its answered
+attempts were charged (`level`) plus its predicted load (each placed group's prompt once, plus every
+unanswered sample's remaining budget), so the sum is what the rank was given, whatever has been answered
+yet. With DP attention the ranks step together, so the rank with the most work
 left sets the step's time, and every busy rank has advanced as far as the others: the total a rank was
 given says which finishes first, where the predicted load alone counts an attempt half done as not
 started. A rank found idle is raised to the most any rank has served (the time it idled is lost, not
@@ -51,7 +52,8 @@ Key = tuple   # (engine name, DP rank)
 class RankLoad:
     outstanding: int = 0     # predicted load: tokens reserved or in flight (prompts once + remaining budgets)
     served: int = 0          # tokens prefilled or generated here (answers' uncached prompt + completion, primers)
-    level: int = 0           # served, on the ranks' common clock: raised to the most served when found idle
+    level: int = 0           # predicted tokens of answered attempts, on the ranks' common clock: raised to
+                             # the most any rank reached when found idle
     requests: int = 0
 
 
@@ -166,12 +168,6 @@ class Placement:
         if load.outstanding <= 0:
             load.level = max(load.level, self.top)
 
-    def _add_work(self, key: Key, tokens: int) -> None:
-        load = self.ranks.get(key)
-        if load is not None:
-            load.served += tokens
-            load.level += tokens
-            self.top = max(self.top, load.level)
 
     def _unseat_one(self, group: _Placed, key: Key) -> None:
         if key in self.ranks:
@@ -220,7 +216,9 @@ class Placement:
         if load is not None:
             load.outstanding -= cost
             load.requests += 1
-            self._add_work(key, served_tokens)
+            load.served += served_tokens
+            load.level += cost           # what the attempt was charged moves to the clock: the sum stays exact
+            self.top = max(self.top, load.level)
         group = self.groups.get(gid) if gid else None
         if group is not None:
             self._unseat(group)
@@ -253,6 +251,7 @@ class Placement:
             new = int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens", 0))
             self.primer_prefilled += new
             self.primer_at[key] += new
-            self._add_work(key, new)
+            if key in self.ranks:
+                self.ranks[key].served += new
         except EngineError:   # the samples go anyway, prefilled once each at worst
             self.primer_failures += 1

@@ -195,6 +195,25 @@ def test_a_new_group_goes_to_the_rank_free_first_on_the_common_clock():
     assert nxt == {("e0", 1)}, f"the next group went to {nxt}: the least outstanding, not the rank free first"
 
 
+def test_a_primed_prompt_counts_once_on_its_rank():
+    """r0 was given a prompt of 1,000 tokens once and 2 x 10 new tokens (1,020), r1 a prompt of 10 and
+    2 x 600 (1,210). r0's primer has answered (1,000 tokens prefilled), its samples have not: the prompt
+    is still one prompt, so the next group goes to r0, not to r1 as if r0 had 2,020."""
+    async def go():
+        p = _placement(engines=1, dp=2, n=2)
+        big, small = _group("big", 2, prompt_len=1000), _group("small", 2, prompt_len=10)
+        keys = {p.place(s, 1010) for s in big}
+        assert keys == {("e0", 0)} and {p.place(s, 610) for s in small} == {("e0", 1)}
+
+        async def prime():
+            return {"prompt_tokens": 1000, "cached_tokens": 0}
+        await asyncio.gather(*(p.primed_once(s, ("e0", 0), prime) for s in big))
+        assert p.primed == 1
+        return {p.place(s, 20) for s in _group("next", 2, prompt_len=10)}
+    got = asyncio.run(go())
+    assert got == {("e0", 0)}, f"the next group went to {got}: r0's primed prompt was counted twice"
+
+
 def test_an_idle_rank_is_not_owed_the_time_it_idled():
     """A rank that idled while another served 1,000 tokens lost that time: two groups placed together
     afterwards go one to each rank, not both to the idle one to 'catch up' (which would leave the other
