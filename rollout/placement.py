@@ -6,13 +6,12 @@ a group sent sample by sample is prefilled on up to n ranks. Here a group is pla
 sample asks, on the rank free first (then the least served): the least of the tokens its answered
 attempts were charged (`level`) plus its predicted load (each placed group's prompt once, plus every
 unanswered sample's remaining budget), so the sum is what the rank was given, whatever has been answered
-yet. With DP attention the ranks step together, so the rank with the most work
-left sets the step's time, and every busy rank has advanced as far as the others: the total a rank was
-given says which finishes first, where the predicted load alone counts an attempt half done as not
-started. A rank found idle is raised to the most any rank has served (the time it idled is lost, not
-owed, so it is not flooded). Least first keeps the maximum low (min-max). A group larger
-than one rank should hold (the engine's concurrency over its DP ranks) goes over the fewest ranks. The
-group's whole load is reserved at once (each sibling's own budget replaces its share as it takes its
+yet. With DP attention the ranks step together, so the rank with the most work left sets the step's
+time, and every busy rank has advanced as far as the others: the total a rank was given says which
+finishes first, where the predicted load alone counts an attempt half done as not started. A rank found
+idle is raised to the furthest any rank's clock reached (the time it idled is lost, not owed, so it is
+not flooded). Least first keeps the maximum low (min-max). A group larger than one rank should hold
+(the engine's concurrency over its DP ranks) goes over the fewest ranks. The group's whole load is reserved at once (each sibling's own budget replaces its share as it takes its
 seat), so groups placed together spread out; a (re-)admitted rank starts level with the others. A sample
 carries its (engine, rank) in `sample.engines[-1]` / `sample.dp_rank`: a continued (aborted or partial)
 or re-sent sample goes back there while the engine is admitted, unless that rank's load exceeds the
@@ -162,12 +161,11 @@ class Placement:
         return key in self.ranks and key[0] not in self._avoid
 
     def _lift(self, key: Key) -> None:
-        """An idle rank lost the time it idled (the ranks step together): it starts from the common clock,
-        at least the most any rank has served, not behind it."""
+        """An idle rank lost the time it idled (the ranks step together): it starts from the common clock
+        (the furthest any rank's `level` reached), not behind it."""
         load = self.ranks[key]
         if load.outstanding <= 0:
             load.level = max(load.level, self.top)
-
 
     def _unseat_one(self, group: _Placed, key: Key) -> None:
         if key in self.ranks:
@@ -181,7 +179,7 @@ class Placement:
         per_rank = max(1, min(self.capacity // self.dp[k[0]] for k in keys))
         n = self.expected.get(sample.group_id) or self.group_size
         parts = min(len(keys), math.ceil(n / per_rank))
-        # min-max: the least work on the common clock (served + predicted load left), then the least served
+        # min-max: the least work on the common clock (what the rank was given), then the least served
         load = self.ranks
         for k in keys:
             self._lift(k)
