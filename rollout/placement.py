@@ -11,8 +11,9 @@ time, and every busy rank has advanced as far as the others: the total a rank wa
 finishes first, where the predicted load alone counts an attempt half done as not started. A rank found
 idle is raised to the furthest any rank's clock reached (the time it idled is lost, not owed, so it is
 not flooded). Least first keeps the maximum low (min-max). A group larger than one rank should hold
-(the engine's concurrency over its DP ranks) goes over the fewest ranks. The group's whole load is reserved at once (each sibling's own budget replaces its share as it takes its
-seat), so groups placed together spread out; a (re-)admitted rank starts level with the others. A sample
+(the engine's concurrency over its DP ranks) goes over the fewest ranks. The group's whole load is
+reserved at once (each sibling's own budget replaces its share as it takes its seat), so groups placed
+together spread out; a (re-)admitted rank starts level with the others. A sample
 carries its (engine, rank) in `sample.engines[-1]` / `sample.dp_rank`: a continued (aborted or partial)
 or re-sent sample goes back there while the engine is admitted, unless that rank's load exceeds the
 least loaded one's by more than the sample's tokens (what it prefills again elsewhere) and its own load

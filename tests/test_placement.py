@@ -1,5 +1,5 @@
-"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by their work on the common clock,
-big groups over the fewest ranks, continued samples back to their rank, a lost engine's groups placed
+"""Group placement (rollout/placement.py): a group on one (engine, DP rank), ranks by their work on
+the common clock, big groups over the fewest ranks, continued samples back to their rank, a lost engine's groups placed
 again together, the prompt primed once; and the dispatcher sending `routed_dp_rank` and the primer."""
 import asyncio
 import collections
@@ -180,11 +180,12 @@ def test_an_engine_that_just_failed_a_connection_is_avoided_and_the_group_moves_
     (k2,) = {p.place(held, 5)}
     assert p.place(held, 5, avoid={k2[0]})[0] != k2[0]     # a placed, unsent attempt moves too
 
+
 def test_a_new_group_goes_to_the_rank_free_first_on_the_common_clock():
     """The ranks step together, so a rank's work left is what it was given less what every rank has done
     meanwhile. r0 got a group of 2 x 600 tokens, r1 one of 2 x 400, at once; r0's first sample is answered
     (600 tokens). r0 has less outstanding (600 < 800), but r1 is free first (800 - 600 < 1,200 - 600):
-    the next group goes to r1, and r0 ends the step with 1,200 + 300 against r1's 800 no more."""
+    the next group goes to r1 (1,100 and 1,200 given), not to r0 (1,500 against 800)."""
     p = _placement(engines=1, dp=2, n=2)
     big, small = _group("big", 2, prompt_len=1), _group("small", 2, prompt_len=1)
     assert {p.place(s, 600) for s in big} == {("e0", 0)}
@@ -224,7 +225,6 @@ def test_an_idle_rank_is_not_owed_the_time_it_idled():
     p.done(s, 1000)
     got = [p.place(Sample(f"g{i}/0", f"g{i}", 0, [1]), 100) for i in range(2)]
     assert sorted(got) == [("e0", 0), ("e1", 0)], f"groups placed on {got}: the idle rank was flooded"
-
 
 
 def test_balance_over_the_step_and_a_readmitted_engine_is_not_flooded():
