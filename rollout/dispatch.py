@@ -278,7 +278,11 @@ class Dispatcher:
             if retries:
                 await asyncio.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** (retries - 1)))
             try:   # a free slot at once (the usual case) without a coroutine of its own; else wait for one
-                slot = self._take(None if self.placement is None else self.place(sample))
+                name = None if self.placement is None else self.place(sample)
+                if name is not None:
+                    await self._primed(sample, name)
+                    name = self.place(sample)      # the same rank, unless its engine went meanwhile
+                slot = self._take(name)
                 if slot is None:
                     slot = await self._acquire(sample)
             except DispatcherClosed as e:
@@ -295,7 +299,7 @@ class Dispatcher:
             out = None
             try:
                 body = self.payload(sample, rid, sampling, slot.compact, budget)
-                if self.placement is None or await self._placed(sample, slot, body):
+                if self.placement is None or self._pin(sample, body):
                     out = parse(slot.engine.name, await self.client.generate(slot.engine, body,
                                                                              timeout_s=self.request_timeout_s))
             except asyncio.CancelledError:
@@ -347,27 +351,42 @@ class Dispatcher:
         sample.t_done = time.monotonic()
         return sample
 
-    async def _placed(self, sample: Sample, slot: EngineEntry, body: dict) -> bool:
-        """Pin `body` to the sample's DP rank; a fresh group's samples wait for its prompt's primer there.
-        False: the batch filled meanwhile (send nothing)."""
+    def _pin(self, sample: Sample, body: dict) -> bool:
+        """Pin `body` to the sample's DP rank. False: the batch filled meanwhile (send nothing)."""
         held = self.placement.current.get(sample.sample_id)
-        if held is None:
-            return not self.draining
-        key = held[0]
-        rank = self.placement.rank_param(key)
+        rank = held and self.placement.rank_param(held[0])
         if rank is not None:
             body["routed_dp_rank"] = rank
+        return not self.draining
+
+    async def _primed(self, sample: Sample, name: str) -> None:
+        """A fresh group's samples wait for one zero-token request of its prompt on their rank, sent by the
+        first of them, before any takes a slot (a slot held through the wait would idle). The primer is
+        cancelled with its engine (`remove`): the samples go anyway, placed again."""
+        held, entry = self.placement.current.get(sample.sample_id), self.slots.get(name)
+        if held is None or entry is None:
+            return
+        key, task = held[0], asyncio.current_task()
+        rank = self.placement.rank_param(key)
 
         async def prime():
-            primer = {"input_ids": list(sample.prompt_ids), "sampling_params": {"max_new_tokens": 0},
-                      "rid": f"{sample.group_id}@{key[1]}#{next(self._rid)}"}
+            rid = f"{sample.group_id}@{key[1]}#{next(self._rid)}"
+            primer = {"input_ids": list(sample.prompt_ids), "sampling_params": {"max_new_tokens": 0}, "rid": rid}
             if rank is not None:
                 primer["routed_dp_rank"] = rank
-            out = await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s)
-            a = parse(slot.engine.name, out)
+            entry.inflight[rid] = task
+            try:
+                out = await self.client.generate(entry.engine, primer, timeout_s=self.request_timeout_s)
+            except asyncio.CancelledError:
+                if rid in entry.lost and task.uncancel() == 0:
+                    raise EngineError(f"engine {name} lost") from None   # a failed primer: the samples go
+                raise
+            finally:
+                entry.inflight.pop(rid, None)
+                entry.lost.discard(rid)
+            a = parse(name, out)
             return {"prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens}
         await self.placement.primed_once(sample, key, prime)
-        return not self.draining
 
     def _unplace(self, sample: Sample, out) -> None:
         if self.placement is not None:

@@ -393,3 +393,84 @@ def test_a_continued_sample_whose_rank_fell_behind_moves_to_the_least_loaded():
     big.dp_rank = key[1]
     assert p.place(big, 1000) == key                            # now its rank holds 1,000 tokens more
     assert p.place(s, 30)[1] != key[1]                          # re-balanced: 1,000 > 12 tokens again + 30
+
+
+async def _held_primer_engine(log, release):
+    """An engine whose primers (zero-token requests) answer only once `release` is set."""
+    async def generate(request):
+        body = await request.json()
+        n = body["sampling_params"]["max_new_tokens"]
+        log.append(("sent", n))
+        if n == 0:
+            await release.wait()
+        log.append(("answered", n))
+        return web.json_response({"meta_info": {
+            "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
+            "dp_rank": body.get("routed_dp_rank")}})
+    return await Loopback({"/generate": generate}).serve()
+
+
+async def _primer_sent(log, budget_s=10.0):
+    for _ in range(int(budget_s / 0.01)):
+        if ("sent", 0) in log:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"no primer sent in {budget_s:g} s: {log}")
+
+
+def test_siblings_waiting_for_their_primer_hold_no_slot():
+    """An engine of 2 slots; a group of 2 waits for its primer. Another sample is sent meanwhile: the
+    waiting siblings hold no slot (they did, and it waited for the primer's prefill with the slots idle)."""
+    async def go():
+        log, release = [], asyncio.Event()
+        server = await _held_primer_engine(log, release)
+        try:
+            async with EngineClient() as client:
+                d = Dispatcher(client, {"max_new_tokens": 2}, capacity=2, placement=Placement(2, 4))
+                await d.admit(_Eng("e0", server.port), dp_ranks=2)
+                group = [asyncio.create_task(d.run(s)) for s in _group("g", 2)]
+                await _primer_sent(log)
+                other = Sample("x/0", "x", 0, [1, 2])
+                other.max_new_tokens = 3
+                try:
+                    await asyncio.wait_for(d.run(other), 5)
+                except asyncio.TimeoutError:
+                    pytest.fail("the other sample waited for a slot held by siblings waiting for their primer")
+                release.set()
+                await asyncio.gather(*group)
+                return log
+        finally:
+            await server.cleanup()
+    log = asyncio.run(go())
+    assert log.index(("answered", 3)) < log.index(("answered", 0)) < log.index(("sent", 2))
+
+
+def test_a_primer_pending_on_a_removed_engine_lets_its_group_go_elsewhere():
+    """The primer is cancelled with its engine (`remove`): the group is placed again and served on the
+    other engine at once, not after the request timeout."""
+    async def go():
+        log, release = [], asyncio.Event()
+        held, ok = await _held_primer_engine(log, release), await _held_primer_engine([], asyncio.Event())
+        try:
+            async with EngineClient() as client:
+                p = Placement(2, 8)
+                d = Dispatcher(client, {"max_new_tokens": 2}, capacity=8, placement=p)
+                gone = _Eng("held", held.port)
+                await d.admit(gone, dp_ranks=2)
+                group = [asyncio.create_task(d.run(s)) for s in _group("g", 2)]
+                await _primer_sent(log)
+                await d.admit(_Eng("ok", ok.port), dp_ranks=1)
+                await d.remove(gone)
+                try:
+                    done = await asyncio.wait_for(asyncio.gather(*group), 5)
+                except asyncio.TimeoutError:
+                    pytest.fail("the group waited for a primer on a removed engine")
+                return done, p
+        finally:
+            release.set()
+            await held.cleanup()
+            await ok.cleanup()
+    done, p = asyncio.run(go())
+    assert [(s.status, s.engines) for s in done] == [(SampleStatus.TRUNCATED, ["ok"])] * 2
+    assert p.primer_failures == 1
