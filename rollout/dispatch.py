@@ -318,7 +318,7 @@ class Dispatcher:
                     self._wake_one(slot.engine.name if self.placement else None)
                 if self.placement is not None:
                     self._unplace(sample, out)
-            if out is None:                  # the batch filled while it waited for its primer: not sent
+            if out is None:                  # the batch filled meanwhile: not sent
                 sample.attempts -= 1
                 break
             sample.engines.append(slot.engine.name)
