@@ -474,3 +474,34 @@ def test_a_primer_pending_on_a_removed_engine_lets_its_group_go_elsewhere():
     done, p = asyncio.run(go())
     assert [(s.status, s.engines) for s in done] == [(SampleStatus.TRUNCATED, ["ok"])] * 2
     assert p.primer_failures == 1
+
+
+def test_a_primer_takes_a_slot_of_its_own():
+    """The engine's slots bound what is in flight, primers included: two groups on an engine of one slot
+    never have two requests at the engine at once."""
+    async def go():
+        now, most = [0], [0]
+
+        async def generate(request):
+            body = await request.json()
+            n = body["sampling_params"]["max_new_tokens"]
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            await asyncio.sleep(0.05)
+            now[0] -= 1
+            return web.json_response({"meta_info": {
+                "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
+                "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
+                "dp_rank": body.get("routed_dp_rank")}})
+        server = await Loopback({"/generate": generate}).serve()
+        try:
+            async with EngineClient() as client:
+                p = Placement(2, 8)
+                d = Dispatcher(client, {"max_new_tokens": 2}, capacity=1, placement=p)
+                await d.admit(_Eng("e0", server.port), dp_ranks=2)
+                await asyncio.gather(*(d.run(s) for g in ("g", "h") for s in _group(g, 2)))
+                return most[0], p.primed
+        finally:
+            await server.cleanup()
+    most, primed = asyncio.run(go())
+    assert primed == 2 and most == 1, f"{most} requests at once at an engine of 1 slot ({primed} primers)"
