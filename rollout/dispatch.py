@@ -361,33 +361,30 @@ class Dispatcher:
 
     async def _primed(self, sample: Sample, name: str) -> None:
         """A fresh group's samples wait for one zero-token request of its prompt on their rank, sent by the
-        first of them in a slot of its own; the siblings wait holding none (8 slots held through the wait
-        would idle). A primer whose engine goes meanwhile is cancelled with it: the samples go anyway."""
-        held = self.placement.current.get(sample.sample_id)
-        if held is None or self.draining:
+        first of them before any takes a slot (a slot held through the wait would idle): the primer is
+        outside the engine's slots, one request per fresh group beyond them. It is cancelled with its
+        engine (`remove`): the samples go anyway, placed again."""
+        held, entry = self.placement.current.get(sample.sample_id), self.slots.get(name)
+        if held is None or entry is None or self.draining:
             return
         key, task = held[0], asyncio.current_task()
         rank = self.placement.rank_param(key)
 
         async def prime():
-            slot = self._take(name) or await self._acquire(sample)
             rid = f"{sample.group_id}@{key[1]}#{next(self._rid)}"
             primer = {"input_ids": list(sample.prompt_ids), "sampling_params": {"max_new_tokens": 0}, "rid": rid}
             if rank is not None:
                 primer["routed_dp_rank"] = rank
-            slot.inflight[rid] = task
+            entry.inflight[rid] = task
             try:
-                if slot.engine.name != name:     # its engine went while it waited for the slot
-                    raise EngineError(f"engine {name} lost")
-                out = await self.client.generate(slot.engine, primer, timeout_s=self.request_timeout_s)
+                out = await self.client.generate(entry.engine, primer, timeout_s=self.request_timeout_s)
             except asyncio.CancelledError:
-                if rid in slot.lost and task.uncancel() == 0:
+                if rid in entry.lost and task.uncancel() == 0:
                     raise EngineError(f"engine {name} lost") from None
                 raise
             finally:
-                slot.inflight.pop(rid, None)
-                slot.lost.discard(rid)
-                self._release(slot)
+                entry.inflight.pop(rid, None)
+                entry.lost.discard(rid)
             a = parse(name, out)
             return {"prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens}
         await self.placement.primed_once(sample, key, prime)

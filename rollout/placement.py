@@ -30,9 +30,9 @@ with one rank gets no `routed_dp_rank`.
 Prefill once: samples that reach a rank together are prefilled together in one batch before the
 cache holds their prompt (SGLang's default `fcfs` policy checks no in-batch prefix), so a fresh
 group's samples wait for one zero-token request of the prompt on their rank (what SGLang's own
-parallel sampling does), holding no engine slot meanwhile (the dispatcher sends it before they take
-one, so the slots serve other samples); a primer that fails, or whose engine is removed, is not
-retried, the samples go anyway. Without word of
+parallel sampling does), holding no engine slot meanwhile (the dispatcher sends the primer outside the
+slots, one request per fresh group beyond them, so the slots serve other samples); a primer that
+fails, or whose engine is removed, is not retried, the samples go anyway. Without word of
 a group the first sample decides one loop tick after it is placed (siblings started with it have taken
 their seats); a caller whose samples arrive one request at a time (slime's custom generate functions,
 through the loopback front) announces the group with `expect` first, so its first request primes.

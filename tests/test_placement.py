@@ -476,9 +476,9 @@ def test_a_primer_pending_on_a_removed_engine_lets_its_group_go_elsewhere():
     assert p.primer_failures == 1
 
 
-def test_a_primer_takes_a_slot_of_its_own():
-    """The engine's slots bound what is in flight, primers included: two groups on an engine of one slot
-    never have two requests at the engine at once."""
+def test_primers_are_the_only_requests_beyond_the_slots():
+    """A primer goes outside the engine's slots (the siblings wait for it holding none): two groups on an
+    engine of one slot have at most that slot's request and the two primers at the engine at once."""
     async def go():
         now, most = [0], [0]
 
@@ -504,4 +504,4 @@ def test_a_primer_takes_a_slot_of_its_own():
         finally:
             await server.cleanup()
     most, primed = asyncio.run(go())
-    assert primed == 2 and most == 1, f"{most} requests at once at an engine of 1 slot ({primed} primers)"
+    assert primed == 2 and most <= 1 + primed, f"{most} requests at once at an engine of 1 slot ({primed} primers)"
