@@ -49,7 +49,7 @@ Top-level keys (unknown keys anywhere are an error, so typos are caught):
     batch_size: int               prompt groups per rollout step (slime --rollout-batch-size)
     n_samples_per_prompt: int     GRPO group size
     sampling: {temperature: float, top_p: float, top_k: int, max_new_tokens: int}
-    concurrency_per_engine: int   in-flight samples per engine (group placement adds one zero-token primer per fresh group)
+    concurrency_per_engine: int   in-flight samples per engine (placement adds a primer per fresh group)
     host: str, base_port: int     engines bind host:base_port + 10*i (managed mode)
     api_key: str|null             null: the manager generates one
     engine_auth: "key"|"none"     none: engines take no API key (slime's managed mode sends none);
