@@ -299,9 +299,10 @@ class Dispatcher:
             out = None
             try:
                 body = self.payload(sample, rid, sampling, slot.compact, budget)
-                if self.placement is None or self._pin(sample, body):
-                    out = parse(slot.engine.name, await self.client.generate(slot.engine, body,
-                                                                             timeout_s=self.request_timeout_s))
+                if self.placement is not None:
+                    self._pin(sample, body)
+                out = parse(slot.engine.name, await self.client.generate(slot.engine, body,
+                                                                         timeout_s=self.request_timeout_s))
             except asyncio.CancelledError:
                 if rid in slot.lost and task.uncancel() == 0:
                     out = EngineLost(f"engine {slot.engine.name} lost")  # removed by the manager
@@ -318,9 +319,6 @@ class Dispatcher:
                     self._wake_one(slot.engine.name if self.placement else None)
                 if self.placement is not None:
                     self._unplace(sample, out)
-            if out is None:                  # the batch filled meanwhile: not sent
-                sample.attempts -= 1
-                break
             sample.engines.append(slot.engine.name)
             if type(out) is Answer:          # the usual case first: it runs for every request
                 sample.failures = 0
@@ -351,13 +349,12 @@ class Dispatcher:
         sample.t_done = time.monotonic()
         return sample
 
-    def _pin(self, sample: Sample, body: dict) -> bool:
-        """Pin `body` to the sample's DP rank. False: the batch filled meanwhile (send nothing)."""
+    def _pin(self, sample: Sample, body: dict) -> None:
+        """Pin `body` to the sample's DP rank (the engine picks where it has one)."""
         held = self.placement.current.get(sample.sample_id)
         rank = held and self.placement.rank_param(held[0])
         if rank is not None:
             body["routed_dp_rank"] = rank
-        return not self.draining
 
     async def _primed(self, sample: Sample, name: str) -> None:
         """A fresh group's samples wait for one zero-token request of its prompt on their rank, sent by the

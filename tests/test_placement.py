@@ -117,6 +117,14 @@ class _Eng:
         self.name, self.url, self.api_key = name, f"http://127.0.0.1:{port}", None
 
 
+def _answer(body, n):
+    """SGLang's /generate answer of `n` tokens for `body`, on the rank it was pinned to."""
+    return web.json_response({"meta_info": {
+        "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
+        "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
+        "dp_rank": body.get("routed_dp_rank")}})
+
+
 async def _engine(log, answered=None):
     async def generate(request):
         body = await request.json()
@@ -125,10 +133,7 @@ async def _engine(log, answered=None):
         await asyncio.sleep(0.02)
         if answered is not None:
             answered.append((asyncio.get_running_loop().time(), n))
-        return web.json_response({"meta_info": {
-            "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
-            "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
-            "dp_rank": body.get("routed_dp_rank")}})
+        return _answer(body, n)
     server = await Loopback({"/generate": generate}).serve()
     return server, server.port
 
@@ -404,10 +409,7 @@ async def _held_primer_engine(log, release):
         if n == 0:
             await release.wait()
         log.append(("answered", n))
-        return web.json_response({"meta_info": {
-            "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
-            "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
-            "dp_rank": body.get("routed_dp_rank")}})
+        return _answer(body, n)
     return await Loopback({"/generate": generate}).serve()
 
 
@@ -489,10 +491,7 @@ def test_primers_are_the_only_requests_beyond_the_slots():
             most[0] = max(most[0], now[0])
             await asyncio.sleep(0.05)
             now[0] -= 1
-            return web.json_response({"meta_info": {
-                "output_token_logprobs": [[-1.0, 7, None]] * n, "finish_reason": {"type": "length", "length": n},
-                "prompt_tokens": len(body["input_ids"]), "cached_tokens": 0, "completion_tokens": n,
-                "dp_rank": body.get("routed_dp_rank")}})
+            return _answer(body, n)
         server = await Loopback({"/generate": generate}).serve()
         try:
             async with EngineClient() as client:
